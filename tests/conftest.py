@@ -1,0 +1,57 @@
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+
+from tests import processes
+from tests.testapp.recorder import TABLE_SQL
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(TABLE_SQL)
+    yield
+
+
+@pytest.fixture
+def starts(transactional_db):
+    """Rows the test handlers recorded: list of (job_id, attempt, action_time, started_at)."""
+
+    class Starts:
+        def all(self):
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT job_id, attempt, action_time, started_at FROM timeouts_test_start ORDER BY started_at")
+                return cursor.fetchall()
+
+        def count(self):
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM timeouts_test_start")
+                return cursor.fetchone()[0]
+
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE timeouts_test_start")
+    yield Starts()
+
+
+@pytest.fixture(scope="session")
+def broker():
+    """The test broker (a Redis database of its own), emptied before use."""
+    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    client.flushdb()
+    yield client
+    client.flushdb()
+
+
+@pytest.fixture
+def worker(transactional_db, broker):
+    """A real Celery worker (prefork, 2 processes) on the test database and broker."""
+    from project.celery import app
+
+    broker.flushdb()
+    process = processes.celery_worker(env=processes.django_env())
+    try:
+        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
+        yield process
+    finally:
+        processes.stop(process)

@@ -1,0 +1,63 @@
+"""Start and stop real processes for tests: each in its own session, always stopped by PID."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def django_env(**extra) -> dict:
+    """Environment for a child process that uses the test database and the test broker."""
+    from django.conf import settings
+    from django.db import connection
+
+    db = connection.settings_dict
+    url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": url,
+           "TIMEOUTS_TEST_BROKER_URL": settings.CELERY_BROKER_URL, "PYTHONPATH": str(ROOT)}
+    env.update({key: str(value) for key, value in extra.items()})
+    return env
+
+
+def spawn(args, *, env, log_name) -> subprocess.Popen:
+    log_dir = ROOT / "var" / "test-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = open(log_dir / f"{log_name}.log", "ab")
+    return subprocess.Popen(args, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def celery_worker(*, env, name="worker", concurrency=2, queues=("celery", "timeouts-test-other"), pool="prefork"):
+    args = [sys.executable, "-m", "celery", "-A", "project", "worker", "-P", pool, "-c", str(concurrency),
+            "-Q", ",".join(queues), "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
+            "--without-heartbeat", "-l", "warning"]
+    return spawn(args, env=env, log_name=name)
+
+
+def stop(process: subprocess.Popen, timeout=10.0):
+    """SIGTERM the process group, then SIGKILL whatever is left."""
+    if process.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def wait_for(predicate, timeout, interval=0.05, message="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}")

@@ -1,0 +1,38 @@
+"""Handlers for the tests. Each records its start (job id, attempt, database clock) through its own
+autocommit connection, outside the system under test, so a rolled-back or crashed handler still
+leaves its trace."""
+
+import os
+import time
+
+import timeouts
+
+from .recorder import record
+
+
+@timeouts.handler("test.record")
+def record_start(task):
+    record(task)
+
+
+@timeouts.handler("test.fail", max_attempts=2)
+def always_fail(task):
+    record(task)
+    raise RuntimeError(f"failing on purpose (attempt {task.attempts})")
+
+
+@timeouts.handler("test.slow", ttr=2)
+def slow(task):
+    record(task)
+    time.sleep(float(task.attribute.get("sleep", 30)))
+
+
+@timeouts.handler("test.crash", max_attempts=2, ttr=2)
+def crash_own_process(task):
+    record(task)
+    os._exit(1)
+
+
+@timeouts.handler("test.queued", queue="timeouts-test-other")
+def on_other_queue(task):
+    record(task)

@@ -1,0 +1,38 @@
+"""timeouts: "at this exact time, do this, durably" for Django and Celery."""
+
+from .errors import (
+    InvalidAttribute,
+    InvalidBizId,
+    InvalidBizType,
+    InvalidOption,
+    InvalidTime,
+    TaskConflict,
+    TimeoutsError,
+    UnknownBizType,
+)
+from .registry import handler
+
+__all__ = [
+    "handler", "schedule", "bulk_schedule", "cancel",
+    "TimeoutsError", "InvalidAttribute", "InvalidBizId", "InvalidBizType", "InvalidOption", "InvalidTime",
+    "TaskConflict", "UnknownBizType",
+]
+
+
+# The model cannot be imported before Django's app registry is ready, hence these thin functions.
+def schedule(biz_type, biz_id, **kwargs):
+    from .models import TimeoutTask
+
+    return TimeoutTask.objects.schedule(biz_type, biz_id, **kwargs)
+
+
+def bulk_schedule(items):
+    from .models import TimeoutTask
+
+    return TimeoutTask.objects.bulk_schedule(items)
+
+
+def cancel(biz_type, biz_id):
+    from .models import TimeoutTask
+
+    return TimeoutTask.objects.cancel(biz_type, biz_id)

@@ -1,0 +1,50 @@
+"""Claiming due tasks: the one code path shared by the beat-triggered scan and the dispatcher.
+
+A claim is a short transaction of its own (`UPDATE ... FROM (SELECT ... FOR UPDATE SKIP LOCKED)`),
+committed before anything is published, so a claimer never holds row locks across broker I/O, and
+two claimers never get the same task.
+"""
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import connection
+
+from .queries import execute, fetch_dicts
+from .retry import retry_on_conflict
+
+
+@dataclass(frozen=True)
+class Claim:
+    job_id: int
+    action_time: datetime
+    run_at: datetime
+    biz_type: str
+    attempt: int  # the attempt this dispatch will be, if it starts
+    ttr: int
+
+    def message_args(self):
+        """What `timeouts.run` receives: enough to address the row (with its partition) and to fence
+        stale messages."""
+        return [self.job_id, self.action_time.isoformat(), self.attempt]
+
+
+def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
+    """Claim up to `limit` PENDING tasks due within `lead` seconds, by the database clock."""
+    if connection.in_atomic_block:
+        raise RuntimeError("claim_due() must commit before publishing: call it outside transaction.atomic()")
+    rows = retry_on_conflict(lambda: fetch_dicts("claim_due", {"limit": limit, "lead": float(lead)}))
+    return sorted(
+        (
+            Claim(row["job_id"], row["action_time"], row["run_at"], row["biz_type"], row["attempts"] + 1, row["ttr"])
+            for row in rows
+        ),
+        key=lambda claim: claim.run_at,
+    )
+
+
+def release(claims):
+    """Give claims back to PENDING at once (their messages were not published)."""
+    if claims:
+        params = {"job_ids": [c.job_id for c in claims], "action_times": [c.action_time for c in claims]}
+        execute("release_claims", params).close()

@@ -1,0 +1,77 @@
+"""The `TIMEOUTS` setting: defaults, validation, and one cached, typed object to read it from."""
+
+from dataclasses import dataclass, fields
+from datetime import timedelta
+from functools import cache
+
+from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+INTERVALS = ("hour", "day", "week", "month")
+
+
+@dataclass(frozen=True)
+class Settings:
+    PARTITION_INTERVAL: str = "day"
+    PARTITIONS_AHEAD: int = 14
+    RETENTION: timedelta = timedelta(days=7)
+    SCAN_INTERVAL: float = 5.0
+    SCAN_BATCH_SIZE: int = 500
+    DEFAULT_MAX_ATTEMPTS: int = 16
+    DEFAULT_TTR: int = 60
+    NOTIFY_CHANNEL: str = "timeouts"
+    NOTIFY_HORIZON: float = 60.0
+    DISPATCH_LEAD: float = 0.1
+    MAX_ATTRIBUTE_BYTES: int = 65536
+
+    def __post_init__(self):
+        problems = list(_problems(self))
+        if problems:
+            raise ImproperlyConfigured("TIMEOUTS setting: " + "; ".join(problems))
+
+
+def _problems(s):
+    def number(name, low, *, integer=False):
+        value = getattr(s, name)
+        kinds = (int,) if integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            yield f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}"
+        elif not value >= low:  # also catches NaN
+            yield f"{name} must be >= {low}, got {value!r}"
+
+    if s.PARTITION_INTERVAL not in INTERVALS:
+        yield f"PARTITION_INTERVAL must be one of {', '.join(INTERVALS)}, got {s.PARTITION_INTERVAL!r}"
+    yield from number("PARTITIONS_AHEAD", 1, integer=True)
+    if not isinstance(s.RETENTION, timedelta) or s.RETENTION < timedelta(0):
+        yield f"RETENTION must be a non-negative timedelta, got {s.RETENTION!r}"
+    yield from number("SCAN_INTERVAL", 0.1)
+    yield from number("SCAN_BATCH_SIZE", 1, integer=True)
+    yield from number("DEFAULT_MAX_ATTEMPTS", 1, integer=True)
+    yield from number("DEFAULT_TTR", 1, integer=True)
+    yield from number("NOTIFY_HORIZON", 0)
+    yield from number("DISPATCH_LEAD", 0)
+    yield from number("MAX_ATTRIBUTE_BYTES", 2, integer=True)
+    channel = s.NOTIFY_CHANNEL
+    if not isinstance(channel, str) or not channel or len(channel.encode()) > 63:
+        # PostgreSQL silently truncates longer identifiers: two apps could then share a channel.
+        yield f"NOTIFY_CHANNEL must be a non-empty string of at most 63 bytes, got {channel!r}"
+
+
+KEYS = frozenset(f.name for f in fields(Settings))
+
+
+@cache
+def get_settings() -> Settings:
+    given = getattr(django_settings, "TIMEOUTS", {}) or {}
+    unknown = sorted(set(given) - KEYS)
+    if unknown:
+        raise ImproperlyConfigured(f"TIMEOUTS setting: unknown key(s) {', '.join(unknown)}")
+    return Settings(**given)
+
+
+@receiver(setting_changed)
+def _forget_settings(*, setting, **kwargs):
+    if setting == "TIMEOUTS":
+        get_settings.cache_clear()

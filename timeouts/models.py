@@ -1,0 +1,120 @@
+"""`TimeoutTask`: one row per "at this time, run this handler for this business object".
+
+The table itself is created by SQL (see migrations/0001_initial.py): it is partitioned by
+action_time, its database key is (job_id, action_time), and CHECK constraints hold the state rules.
+Django sees `job_id` as the primary key, which is unique on its own (one sequence).
+"""
+
+from django.db import connection, models
+from django.db.models.functions import Now
+
+from . import scheduling, transitions
+
+
+class TimeoutTaskQuerySet(models.QuerySet):
+    def pending(self):
+        return self.filter(status=TimeoutTask.Status.PENDING)
+
+    def due(self):
+        """PENDING tasks whose time has come by the database clock (the statement's start)."""
+        now = Now()
+        # action_time is implied by run_at (run_at >= action_time) but lets PostgreSQL skip future
+        # partitions.
+        return self.pending().filter(run_at__lte=now, action_time__lte=now)
+
+    def dead(self):
+        return self.filter(status=TimeoutTask.Status.DEAD)
+
+
+class TimeoutTaskManager(models.Manager.from_queryset(TimeoutTaskQuerySet)):
+    def schedule(self, biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=None):
+        """Create a task; see CONTRACT.md. Returns the new (or, with on_conflict="keep", the kept) task."""
+        return scheduling.schedule(
+            self.model, biz_type, biz_id, at=at, delay=delay, attribute=attribute, on_conflict=on_conflict, using=self.db
+        )
+
+    def bulk_schedule(self, items):
+        """Schedule many tasks in one transaction from dicts with schedule()'s keys; returns the count."""
+        return scheduling.bulk_schedule(self.model, items, using=self.db)
+
+    def cancel(self, biz_type, biz_id):
+        """Cancel every task of (biz_type, biz_id) that has not started; returns how many."""
+        return transitions.cancel_by_key(biz_type, biz_id, using=self.db)
+
+
+class TimeoutTask(models.Model):
+    class Status(models.IntegerChoices):
+        PENDING = 0, "pending"
+        DISPATCHED = 1, "dispatched"
+        DONE = 2, "done"
+        CANCELLED = 3, "cancelled"
+        RUNNING = 4, "running"
+        DEAD = 5, "dead"
+
+    job_id = models.BigAutoField(primary_key=True)
+    biz_type = models.CharField(max_length=64)
+    biz_id = models.CharField(max_length=255)
+    status = models.SmallIntegerField(choices=Status.choices, default=Status.PENDING)
+    action_time = models.DateTimeField(help_text="When the task becomes due (UTC).")
+    run_at = models.DateTimeField(help_text="When the next attempt may start: action_time, or later after a retry.")
+    attribute = models.JSONField(default=dict, blank=True)
+    attempts = models.IntegerField(default=0)
+    max_attempts = models.IntegerField()
+    ttr = models.IntegerField(help_text="Seconds a claimed or running task may go silent before it is re-dispatched.")
+    last_error = models.TextField(blank=True, default="")
+    lease_until = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    modified_at = models.DateTimeField()
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TimeoutTaskManager()
+
+    class Meta:
+        db_table = "timeouts_task"
+        verbose_name = "timeout task"
+        permissions = [
+            ("cancel_timeouttask", "Can cancel timeout tasks and run them now"),
+            ("requeue_timeouttask", "Can requeue dead or cancelled timeout tasks"),
+        ]
+
+    def __str__(self):
+        return f"{self.biz_type}:{self.biz_id} #{self.job_id} ({self.get_status_display()})"
+
+    @property
+    def lateness(self):
+        """How long after its action_time the task started (a timedelta), or None."""
+        if self.started_at is None:
+            return None
+        return self.started_at - self.action_time
+
+    def cancel(self) -> bool:
+        """True only if the handler will never run for this task."""
+        return transitions.cancel(self)
+
+    def reschedule(self, *, at=None, delay=None) -> bool:
+        """Move a task that has not started to a new time; False if it already started or ended."""
+        return transitions.reschedule(self, at=at, delay=delay)
+
+    def requeue(self) -> bool:
+        """Make a DEAD or CANCELLED task PENDING again, due now, with its attempts reset."""
+        return transitions.requeue(self)
+
+    # Rows come back from named SQL queries (RETURNING *), not from the ORM's compiler, so the field
+    # converters (JSON) are applied here.
+    @classmethod
+    def from_row(cls, row: dict, using="default"):
+        task = cls()
+        task._state.adding = False
+        task._state.db = using
+        task.apply_row(row)
+        return task
+
+    def apply_row(self, row: dict):
+        for field in self._meta.concrete_fields:
+            if field.column in row:
+                value = row[field.column]
+                if hasattr(field, "from_db_value"):
+                    value = field.from_db_value(value, None, connection)
+                setattr(self, field.attname, value)

@@ -1,0 +1,41 @@
+"""Handing claimed tasks to Celery: one `timeouts.run` message per task, JSON, on the handler's queue.
+
+No Celery ETA or countdown is used here: only due tasks are published, so nothing waits in a
+worker's memory or in the broker past a visibility timeout.
+"""
+
+import logging
+
+from .claiming import release
+from .registry import _handlers
+
+logger = logging.getLogger(__name__)
+
+# Bounded: a scan must not hang on a broker that is down; unpublished claims are released instead.
+RETRY_POLICY = {"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5}
+
+
+def publish(claims) -> int:
+    """Publish a message per claim; on a broker error, release what was not sent and re-raise."""
+    from .tasks import run  # the Celery task; imported late so Django settings load first
+
+    sent = 0
+    try:
+        with run.app.producer_or_acquire() as producer:
+            for claim in claims:
+                handler = _handlers.get(claim.biz_type)
+                options = {"producer": producer, "retry_policy": RETRY_POLICY}
+                if handler is not None and handler.queue:
+                    options["queue"] = handler.queue
+                # Celery kills a handler that outlives its lease, so it cannot run on beside the
+                # re-dispatched attempt that lease recovery will start.
+                options["time_limit"] = claim.ttr
+                run.apply_async(args=claim.message_args(), **options)
+                sent += 1
+    except Exception:
+        # The failing message may or may not have reached the broker: releasing it is still safe,
+        # because only one message per attempt can pass the worker's compare-and-set.
+        logger.exception("timeouts: publishing failed; releasing %d unpublished claims", len(claims) - sent)
+        release(claims[sent:])
+        raise
+    return sent

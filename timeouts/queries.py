@@ -1,0 +1,58 @@
+"""Named SQL queries, read once from the files in QUERY_FILES.
+
+Every runtime query lives under a `-- name: <name>` header in `sql/queries.sql` (tasks) or
+`sql/partitions.sql` (partition maintenance), so the SQL that runs in production can be read,
+reviewed and EXPLAINed in one place.
+"""
+
+import re
+from pathlib import Path
+
+from django.db import connection
+
+SQL_DIR = Path(__file__).with_name("sql")
+_HEADER = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
+
+
+def parse(text: str) -> dict[str, str]:
+    parts = _HEADER.split(text)
+    queries = {}
+    for name, body in zip(parts[1::2], parts[2::2]):
+        if name in queries:
+            raise ValueError(f"query {name!r} is defined twice")
+        queries[name] = body.strip()
+    return queries
+
+
+QUERY_FILES = ("queries.sql", "partitions.sql")
+
+
+def _load():
+    queries = {}
+    for name in QUERY_FILES:
+        for query, body in parse((SQL_DIR / name).read_text()).items():
+            if query in queries:
+                raise ValueError(f"query {query!r} is defined in two files")
+            queries[query] = body
+    return queries
+
+
+QUERIES = _load()
+
+
+def execute(name, params=None, *, using=None):
+    """Run a named query on Django's connection and return the cursor (rows not fetched)."""
+    cursor = (using or connection).cursor()
+    cursor.execute(QUERIES[name], params)
+    return cursor
+
+
+def fetch_dicts(name, params=None, *, using=None) -> list[dict]:
+    with execute(name, params, using=using) as cursor:
+        columns = [column.name for column in cursor.description]
+        return [dict(zip(columns, row)) for row in cursor.fetchall()]
+
+
+def fetch_one(name, params=None, *, using=None) -> dict | None:
+    rows = fetch_dicts(name, params, using=using)
+    return rows[0] if rows else None

@@ -1,0 +1,82 @@
+"""Handlers by biz_type: the `@timeouts.handler` decorator and the lookup the runtime uses."""
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from .errors import InvalidBizType, UnknownBizType
+
+BIZ_TYPE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+
+
+@dataclass(frozen=True)
+class Handler:
+    biz_type: str
+    func: Callable
+    queue: str | None = None
+    max_attempts: int | None = None  # None: the DEFAULT_MAX_ATTEMPTS setting
+    ttr: int | None = None  # None: the DEFAULT_TTR setting
+
+    def __call__(self, task):
+        return self.func(task)
+
+
+_handlers: dict[str, Handler] = {}
+
+
+def check_biz_type(biz_type) -> str:
+    if not isinstance(biz_type, str) or not BIZ_TYPE_RE.fullmatch(biz_type):
+        raise InvalidBizType(f"biz_type must be 1 to 64 characters of [A-Za-z0-9_.:-], got {biz_type!r}")
+    return biz_type
+
+
+def handler(biz_type, *, queue=None, max_attempts=None, ttr=None):
+    """Register the decorated function as the handler of `biz_type`.
+
+    The function receives the `TimeoutTask` (status RUNNING). Returning marks it DONE; raising
+    retries it with backoff, and after `max_attempts` attempts it becomes DEAD.
+    """
+    check_biz_type(biz_type)
+    for name, value in (("max_attempts", max_attempts), ("ttr", ttr)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"handler {biz_type!r}: {name} must be a positive integer, got {value!r}")
+    if queue is not None and (not isinstance(queue, str) or not queue):
+        raise ValueError(f"handler {biz_type!r}: queue must be a non-empty string, got {queue!r}")
+
+    def register(func):
+        new = Handler(biz_type, func, queue, max_attempts, ttr)
+        old = _handlers.get(biz_type)
+        # Re-importing the same module (autoreload, tests) re-registers the same function: allowed.
+        if old is not None and _qualified(old.func) != _qualified(func):
+            raise ValueError(
+                f"biz_type {biz_type!r} already has a handler: {_qualified(old.func)}; "
+                f"refusing to replace it with {_qualified(func)}"
+            )
+        _handlers[biz_type] = new
+        return func
+
+    return register
+
+
+def _qualified(func):
+    return f"{func.__module__}.{func.__qualname__}"
+
+
+def get_handler(biz_type) -> Handler:
+    try:
+        return _handlers[biz_type]
+    except (KeyError, TypeError):
+        check_biz_type(biz_type)
+        raise UnknownBizType(
+            f"no handler is registered for biz_type {biz_type!r}; "
+            f"known: {', '.join(sorted(_handlers)) or 'none'}"
+        ) from None
+
+
+def registered() -> dict[str, Handler]:
+    return dict(_handlers)
+
+
+def unregister(biz_type):
+    """Forget a handler (for tests and for hosts that swap handlers at run time)."""
+    _handlers.pop(biz_type, None)

@@ -1,0 +1,70 @@
+"""The worker side of `timeouts.run`: compare-and-set, run the handler, record the outcome."""
+
+import logging
+import random
+import time
+import traceback
+from datetime import datetime
+
+from .models import TimeoutTask
+from .queries import fetch_one
+from .registry import get_handler
+from .retry import retry_on_conflict
+
+logger = logging.getLogger(__name__)
+
+MAX_BACKOFF = 3600.0  # seconds
+MAX_ERROR_LENGTH = 20_000
+# A message that arrives this much before its run_at is stale (the task was rescheduled), not early.
+MAX_EARLY_WAIT = 5.0
+
+
+def backoff_seconds(attempt: int) -> float:
+    """Exponential with jitter: 1-2 s after the first failure, doubling, capped at an hour."""
+    ceiling = min(MAX_BACKOFF, 2.0**attempt)
+    return random.uniform(ceiling / 2, ceiling)
+
+
+def run(job_id: int, action_time: str, attempt: int) -> str:
+    """Run one attempt of a task if this message still owns it; returns what happened."""
+    key = {"job_id": job_id, "action_time": datetime.fromisoformat(action_time)}
+    task = start(key, attempt)
+    if task is None:
+        logger.info("timeouts: dropped stale message for job %s attempt %s", job_id, attempt)
+        return "dropped"
+    try:
+        get_handler(task.biz_type)(task)
+    except Exception:
+        error = traceback.format_exc()[-MAX_ERROR_LENGTH:]
+        row = retry_on_conflict(
+            lambda: fetch_one("fail_task", {**key, "attempt": attempt, "error": error, "backoff": backoff_seconds(attempt)})
+        )
+        outcome = "lost" if row is None else ("dead" if row["status"] == TimeoutTask.Status.DEAD else "retry")
+        logger.warning("timeouts: %s attempt %s failed (%s)", task, attempt, outcome, exc_info=True)
+        return outcome
+    row = retry_on_conflict(lambda: fetch_one("finish_task", {**key, "attempt": attempt}))
+    if row is None:
+        # The lease ran out and recovery moved the task on: another attempt will run.
+        logger.warning("timeouts: %s finished after its lease expired", task)
+        return "lost"
+    return "done"
+
+
+def start(key: dict, attempt: int):
+    """The compare-and-set DISPATCHED -> RUNNING for this attempt, or None if the message is stale.
+
+    A message may arrive before run_at (the dispatcher publishes a little early, or clocks differ):
+    then wait out the difference by the database clock, and compare-and-set again.
+    """
+    for _ in range(10):
+        row = retry_on_conflict(lambda: fetch_one("start_task", {**key, "attempt": attempt}))
+        if row is not None:
+            return TimeoutTask.from_row(row)
+        state = fetch_one("task_state", key)
+        if state is None or state["status"] != TimeoutTask.Status.DISPATCHED or state["attempts"] != attempt - 1:
+            return None
+        wait = (state["run_at"] - state["now"]).total_seconds()
+        if wait > MAX_EARLY_WAIT:
+            return None
+        time.sleep(max(wait, 0.001))
+    return None

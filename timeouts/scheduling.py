@@ -1,0 +1,133 @@
+"""Creating tasks: `schedule()` one at a time, `bulk_schedule()` many in one COPY.
+
+Input is validated completely before the first statement, so a rejected call stores nothing.
+Both run in the caller's transaction when there is one: a rollback means the task never existed.
+"""
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import connections, transaction
+
+from . import validation
+from .conf import get_settings
+from .errors import TaskConflict, TimeoutsError
+from .queries import execute, fetch_dicts, fetch_one
+from .registry import get_handler
+
+# First key of the two-key advisory lock, so our locks cannot collide with the host's one-key locks.
+ADVISORY_LOCK_NAMESPACE = 0x74696D65  # "time"
+
+COPY_COLUMNS = ("biz_type", "biz_id", "action_time", "run_at", "attribute", "max_attempts", "ttr")
+
+
+@dataclass(frozen=True)
+class NewTask:
+    biz_type: str
+    biz_id: str
+    at: object  # aware UTC datetime, or None when delay is set
+    delay: timedelta | None
+    attribute: str  # JSON text
+    max_attempts: int
+    ttr: int
+    on_conflict: str | None
+
+    def params(self):
+        return {
+            "biz_type": self.biz_type,
+            "biz_id": self.biz_id,
+            "at": self.at,
+            "delay": self.delay,
+            "attribute": self.attribute,
+            "max_attempts": self.max_attempts,
+            "ttr": self.ttr,
+        }
+
+
+def prepare(biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=None) -> NewTask:
+    settings = get_settings()
+    handler = get_handler(biz_type)
+    at, delay = validation.action_time(at, delay)
+    return NewTask(
+        biz_type=biz_type,
+        biz_id=validation.biz_id(biz_id),
+        at=at,
+        delay=delay,
+        attribute=validation.attribute(attribute, settings.MAX_ATTRIBUTE_BYTES),
+        max_attempts=handler.max_attempts or settings.DEFAULT_MAX_ATTEMPTS,
+        ttr=handler.ttr or settings.DEFAULT_TTR,
+        on_conflict=validation.on_conflict(on_conflict),
+    )
+
+
+def schedule(model, biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=None, using="default"):
+    new = prepare(biz_type, biz_id, at=at, delay=delay, attribute=attribute, on_conflict=on_conflict)
+    if new.on_conflict is None:
+        return model.from_row(fetch_one("insert_task", new.params(), using=connections[using]), using)
+    with transaction.atomic(using=using):
+        task, _created = _schedule_keyed(model, new, using)
+    return task
+
+
+def _schedule_keyed(model, new: NewTask, using):
+    """At most one waiting task per (biz_type, biz_id), race-free across processes.
+
+    Returns (task, created).
+    The advisory lock is held until the surrounding transaction ends, so a concurrent caller for the
+    same key waits, then sees this task. (It relies on READ COMMITTED, Django's default: each
+    statement sees what committed before it started.)
+    """
+    connection = connections[using]
+    key = {"biz_type": new.biz_type, "biz_id": new.biz_id}
+    execute("lock_biz_key", {"namespace": ADVISORY_LOCK_NAMESPACE, **key}, using=connection).close()
+    waiting = fetch_dicts("waiting_tasks_for_key", key, using=connection)
+    if waiting:
+        if new.on_conflict == "error":
+            first = waiting[0]
+            raise TaskConflict(
+                f"{new.biz_type}:{new.biz_id} already has a task waiting to run "
+                f"(job_id {first['job_id']}, due {first['action_time'].isoformat()})"
+            )
+        if new.on_conflict == "keep":
+            return model.from_row(waiting[0], using), False
+        execute("cancel_by_key", {**key, "statuses": [0, 1]}, using=connection).close()
+    return model.from_row(fetch_one("insert_task", new.params(), using=connection), using), True
+
+
+def bulk_schedule(model, items, *, using="default") -> int:
+    """Schedule every item or none; returns how many tasks were created."""
+    prepared = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise TimeoutsError(f"item {index}: expected a dict of schedule() arguments, got {type(item).__name__}")
+        try:
+            prepared.append(prepare(**item))
+        except TypeError as exc:  # unexpected or missing keys
+            raise TimeoutsError(f"item {index}: {exc}") from None
+        except TimeoutsError as exc:
+            raise type(exc)(f"item {index}: {exc}") from None
+    if not prepared:
+        return 0
+    plain = [new for new in prepared if new.on_conflict is None]
+    keyed = [new for new in prepared if new.on_conflict is not None]
+    created = 0
+    with transaction.atomic(using=using):
+        if plain:
+            _copy(plain, connections[using])
+            created += len(plain)
+        for new in keyed:
+            _task, was_created = _schedule_keyed(model, new, using)
+            created += was_created
+    return created
+
+
+def _copy(rows, connection):
+    now = None
+    if any(new.delay is not None for new in rows):
+        # One reading of the database clock for the whole batch.
+        now = fetch_one("database_now", using=connection)["now"]
+    statement = f"COPY timeouts_task ({', '.join(COPY_COLUMNS)}) FROM STDIN"
+    with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
+        for new in rows:
+            at = new.at if new.delay is None else now + new.delay
+            copy.write_row((new.biz_type, new.biz_id, at, at, new.attribute, new.max_attempts, new.ttr))

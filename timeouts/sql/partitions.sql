@@ -1,0 +1,1 @@
+-- Partition maintenance queries (see timeouts/partitions.py).

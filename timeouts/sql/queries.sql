@@ -1,0 +1,167 @@
+-- Runtime queries of timeouts, by name (see timeouts/queries.py). Parameters use Django's
+-- %(name)s style, so a literal percent sign is written %%.
+--
+-- "Now" is the database clock: clock_timestamp() where a statement must see the real time inside a
+-- longer transaction, now() in the short claim transactions, where it also lets the planner prune
+-- future partitions.
+
+
+-- name: insert_task
+-- One new task. With delay=, the database adds it to its own clock.
+INSERT INTO timeouts_task (biz_type, biz_id, action_time, run_at, attribute, max_attempts, ttr)
+SELECT %(biz_type)s, %(biz_id)s, due.t, due.t, %(attribute)s::jsonb, %(max_attempts)s, %(ttr)s
+FROM (SELECT coalesce(%(at)s::timestamptz, clock_timestamp() + %(delay)s::interval) AS t) AS due
+RETURNING *;
+
+
+-- name: database_now
+SELECT clock_timestamp() AS now;
+
+
+-- name: lock_biz_key
+-- Serialises on_conflict scheduling of one (biz_type, biz_id) until the transaction ends.
+-- Hash collisions only make two keys wait for each other; they never merge them.
+SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(%(biz_type)s || ':' || %(biz_id)s));
+
+
+-- name: waiting_tasks_for_key
+-- Tasks of one key that have not started yet (PENDING or DISPATCHED).
+SELECT * FROM timeouts_task
+WHERE biz_id = %(biz_id)s AND biz_type = %(biz_type)s AND status IN (0, 1)
+ORDER BY action_time, job_id
+FOR UPDATE;
+
+
+-- name: cancel_by_key
+UPDATE timeouts_task
+SET status = 3, finished_at = c.now, modified_at = c.now, lease_until = NULL
+FROM (SELECT clock_timestamp() AS now) AS c
+WHERE biz_id = %(biz_id)s AND biz_type = %(biz_type)s AND status = ANY(%(statuses)s::smallint[])
+RETURNING job_id;
+
+
+-- name: cancel_task
+-- PENDING and DISPATCHED tasks have not started: cancelling them is fenced by the worker's
+-- compare-and-set (which needs status DISPATCHED). DEAD ones are discarded.
+UPDATE timeouts_task
+SET status = 3, finished_at = c.now, modified_at = c.now, lease_until = NULL
+FROM (SELECT clock_timestamp() AS now) AS c
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status IN (0, 1, 5)
+RETURNING timeouts_task.*;
+
+
+-- name: find_task
+-- By job id alone: probes every partition's primary-key index. Only for rare paths.
+SELECT * FROM timeouts_task WHERE job_id = %(job_id)s;
+
+
+-- name: reschedule_task
+-- Changing action_time moves the row to another partition when it crosses a bucket boundary.
+UPDATE timeouts_task
+SET action_time = due.t, run_at = due.t, status = 0, lease_until = NULL, modified_at = clock_timestamp()
+FROM (SELECT coalesce(%(at)s::timestamptz, clock_timestamp() + %(delay)s::interval) AS t) AS due
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status IN (0, 1)
+RETURNING timeouts_task.*;
+
+
+-- name: requeue_task
+UPDATE timeouts_task
+SET status = 0, action_time = c.now, run_at = c.now, attempts = 0, lease_until = NULL,
+    started_at = NULL, finished_at = NULL, modified_at = c.now
+FROM (SELECT clock_timestamp() AS now) AS c
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status IN (3, 5)
+RETURNING timeouts_task.*;
+
+
+-- name: claim_due
+-- The one claim used by the scan and by the dispatcher: due tasks (or due within `lead` seconds),
+-- oldest first, skipping rows another claimer or a cancel holds. A claim takes a lease of the
+-- task's TTR; attempts is counted when the handler starts, not here.
+WITH due AS (
+    SELECT job_id, action_time
+    FROM timeouts_task
+    WHERE status = 0
+      AND run_at <= now() + %(lead)s * interval '1 second'
+      -- Implied by run_at >= action_time; spelled out so future partitions are pruned.
+      AND action_time <= now() + %(lead)s * interval '1 second'
+    ORDER BY run_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE timeouts_task AS t
+SET status = 1, dispatched_at = now(), modified_at = now(), lease_until = now() + t.ttr * interval '1 second'
+FROM due
+WHERE t.job_id = due.job_id AND t.action_time = due.action_time
+RETURNING t.job_id, t.action_time, t.run_at, t.biz_type, t.attempts, t.ttr;
+
+
+-- name: release_claims
+-- Give back claims whose message was never published, without waiting for their lease.
+UPDATE timeouts_task AS t
+SET status = 0, lease_until = NULL, modified_at = clock_timestamp()
+FROM unnest(%(job_ids)s::bigint[], %(action_times)s::timestamptz[]) AS r(job_id, action_time)
+WHERE t.job_id = r.job_id AND t.action_time = r.action_time AND t.status = 1;
+
+
+-- name: start_task
+-- The worker's compare-and-set: only the message of the current dispatch (same attempt number,
+-- still DISPATCHED, due by the database clock) may start the handler. A cancel that committed
+-- first changed the status, so this matches nothing and the handler never runs.
+UPDATE timeouts_task
+SET status = 4, attempts = attempts + 1, started_at = c.now, modified_at = c.now,
+    lease_until = c.now + ttr * interval '1 second'
+FROM (SELECT clock_timestamp() AS now) AS c
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s
+  AND status = 1 AND attempts = %(attempt)s - 1 AND run_at <= c.now
+RETURNING timeouts_task.*;
+
+
+-- name: task_state
+SELECT status, attempts, run_at, clock_timestamp() AS now
+FROM timeouts_task
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s;
+
+
+-- name: finish_task
+UPDATE timeouts_task
+SET status = 2, finished_at = c.now, modified_at = c.now, lease_until = NULL
+FROM (SELECT clock_timestamp() AS now) AS c
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status = 4 AND attempts = %(attempt)s
+RETURNING job_id;
+
+
+-- name: fail_task
+-- A raising handler: back to PENDING after a backoff, or DEAD once attempts are used up.
+UPDATE timeouts_task
+SET status = CASE WHEN attempts >= max_attempts THEN 5 ELSE 0 END,
+    run_at = CASE WHEN attempts >= max_attempts THEN run_at
+                  ELSE greatest(run_at, c.now + %(backoff)s * interval '1 second') END,
+    finished_at = CASE WHEN attempts >= max_attempts THEN c.now END,
+    last_error = %(error)s, lease_until = NULL, modified_at = c.now
+FROM (SELECT clock_timestamp() AS now) AS c
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status = 4 AND attempts = %(attempt)s
+RETURNING status;
+
+
+-- name: recover_expired
+-- Claims and runs whose lease ran out: the publisher or the worker died, or the handler overran
+-- its TTR. A claim that never started goes back to PENDING as it was; a started one has used its
+-- attempt, and becomes DEAD if it was the last.
+WITH expired AS (
+    SELECT job_id, action_time
+    FROM timeouts_task
+    WHERE status IN (1, 4) AND lease_until < clock_timestamp()
+    ORDER BY lease_until
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE timeouts_task AS t
+SET status = CASE WHEN t.status = 4 AND t.attempts >= t.max_attempts THEN 5 ELSE 0 END,
+    finished_at = CASE WHEN t.status = 4 AND t.attempts >= t.max_attempts THEN c.now END,
+    last_error = CASE WHEN t.status = 4
+        THEN format('attempt %%s: lease of %%s s expired while running (worker lost, or the handler ran longer than its TTR)', t.attempts, t.ttr)
+        ELSE t.last_error END,
+    lease_until = NULL, modified_at = c.now
+FROM expired, (SELECT clock_timestamp() AS now) AS c
+WHERE t.job_id = expired.job_id AND t.action_time = expired.action_time
+RETURNING t.job_id, t.status;

@@ -1,0 +1,108 @@
+"""Turn what callers pass to `schedule()` into clean column values, or raise a typed error.
+
+Everything here runs before any SQL, so rejected input stores nothing and a bad row never reaches
+(and aborts) a batch.
+"""
+
+import json
+import math
+import uuid
+from datetime import datetime, timedelta, timezone
+
+from .errors import InvalidAttribute, InvalidBizId, InvalidOption, InvalidTime
+
+MAX_BIZ_ID_LENGTH = 255
+MAX_ATTRIBUTE_DEPTH = 64
+ON_CONFLICT = (None, "error", "replace", "keep")
+
+
+def biz_id(value) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, uuid.UUID)):
+        raise InvalidBizId(f"biz_id must be a str, int or UUID, got {type(value).__name__}")
+    text = str(value)
+    if not text:
+        raise InvalidBizId("biz_id must not be empty")
+    if len(text) > MAX_BIZ_ID_LENGTH:
+        raise InvalidBizId(f"biz_id is {len(text)} characters long; the limit is {MAX_BIZ_ID_LENGTH}")
+    if "\x00" in text:
+        raise InvalidBizId("biz_id must not contain NUL (\\u0000): PostgreSQL text cannot store it")
+    return text
+
+
+def action_time(at=None, delay=None):
+    """Return `(at_utc, delay)`: exactly one is not None.
+
+    A delay stays a timedelta so the database adds it to its own clock (`clock_timestamp()`): due-ness
+    is decided on the database clock, so the application's clock must not leak in.
+    """
+    if (at is None) == (delay is None):
+        raise InvalidTime("give exactly one of at= (an aware datetime) or delay= (a timedelta or seconds)")
+    if at is not None:
+        if not isinstance(at, datetime):
+            raise InvalidTime(f"at must be a datetime, got {type(at).__name__}")
+        if at.tzinfo is None or at.utcoffset() is None:
+            raise InvalidTime(
+                f"at must be timezone-aware, got the naive datetime {at.isoformat()}: "
+                "use django.utils.timezone.now() or attach a tzinfo"
+            )
+        try:
+            return at.astimezone(timezone.utc), None
+        except (OverflowError, ValueError) as exc:
+            raise InvalidTime(f"at={at!r} cannot be converted to UTC: {exc}") from None
+    if isinstance(delay, bool) or not isinstance(delay, (timedelta, int, float)):
+        raise InvalidTime(f"delay must be a timedelta or a number of seconds, got {type(delay).__name__}")
+    if isinstance(delay, (int, float)):
+        if not math.isfinite(delay):
+            raise InvalidTime(f"delay must be a finite number of seconds, got {delay!r}")
+        try:
+            delay = timedelta(seconds=delay)
+        except OverflowError:
+            raise InvalidTime(f"delay of {delay!r} seconds is out of range") from None
+    return None, delay
+
+
+def attribute(value, max_bytes) -> str:
+    """Return the attribute as JSON text, checked to round-trip through jsonb unchanged."""
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise InvalidAttribute(f"attribute must be a JSON object (a dict), got {type(value).__name__}")
+    _check_json(value, "attribute", 0)
+    text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    size = len(text.encode())
+    if size > max_bytes:
+        raise InvalidAttribute(f"attribute is {size} bytes as JSON; MAX_ATTRIBUTE_BYTES is {max_bytes}")
+    return text
+
+
+def _check_json(value, path, depth):
+    # Stricter than json.dumps on purpose: it would turn tuples into lists and int keys into strings,
+    # so the handler would not get back what was scheduled.
+    if depth > MAX_ATTRIBUTE_DEPTH:
+        raise InvalidAttribute(f"{path} is nested deeper than {MAX_ATTRIBUTE_DEPTH} levels")
+    if value is None or isinstance(value, (bool, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidAttribute(f"{path} is {value!r}: JSON (and jsonb) has no NaN or Infinity")
+    elif isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidAttribute(f"{path} contains NUL (\\u0000), which jsonb cannot store")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidAttribute(f"{path} has the key {key!r}: JSON object keys must be str")
+            if "\x00" in key:
+                raise InvalidAttribute(f"{path} has a key containing NUL (\\u0000)")
+            _check_json(item, f"{path}[{key!r}]", depth + 1)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_json(item, f"{path}[{index}]", depth + 1)
+    else:
+        raise InvalidAttribute(f"{path} holds a {type(value).__name__}, which is not JSON")
+
+
+def on_conflict(value):
+    if value not in ON_CONFLICT:
+        raise InvalidOption(f'on_conflict must be None, "error", "replace" or "keep", got {value!r}')
+    return value
