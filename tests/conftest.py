@@ -4,6 +4,7 @@ from django.conf import settings
 from django.db import connection
 
 from tests import processes
+from tests.testapp import recorder
 from tests.testapp.recorder import TABLE_SQL
 
 
@@ -32,6 +33,7 @@ def starts(transactional_db):
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE timeouts_test_start")
     yield Starts()
+    recorder.close()
 
 
 @pytest.fixture(scope="session")

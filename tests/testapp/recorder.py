@@ -33,3 +33,10 @@ def record(task):
         "INSERT INTO timeouts_test_start (job_id, attempt, action_time, started_at) VALUES (%s, %s, %s, %s)",
         (task.job_id, task.attempts, task.action_time, task.started_at),
     )
+
+
+def close():
+    global _conn
+    if _conn is not None:
+        _conn.close()
+        _conn = None

@@ -21,10 +21,12 @@ def always_fail(task):
     raise RuntimeError(f"failing on purpose (attempt {task.attempts})")
 
 
-@timeouts.handler("test.slow", ttr=2)
-def slow(task):
+@timeouts.handler("test.slow", ttr=3)
+def slow_first_time(task):
+    """Hangs on its first attempt (so a test can kill its worker mid-handler), then succeeds."""
     record(task)
-    time.sleep(float(task.attribute.get("sleep", 30)))
+    if task.attempts == 1:
+        time.sleep(float(task.attribute.get("sleep", 30)))
 
 
 @timeouts.handler("test.crash", max_attempts=2, ttr=2)

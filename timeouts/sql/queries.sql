@@ -8,9 +8,11 @@
 
 -- name: insert_task
 -- One new task. With delay=, the database adds it to its own clock.
-INSERT INTO timeouts_task (biz_type, biz_id, action_time, run_at, attribute, max_attempts, ttr)
-SELECT %(biz_type)s, %(biz_id)s, due.t, due.t, %(attribute)s::jsonb, %(max_attempts)s, %(ttr)s
-FROM (SELECT coalesce(%(at)s::timestamptz, clock_timestamp() + %(delay)s::interval) AS t) AS due
+INSERT INTO timeouts_task
+    (biz_type, biz_id, action_time, run_at, attribute, max_attempts, ttr, created_at, modified_at)
+SELECT %(biz_type)s, %(biz_id)s, due.t, due.t, %(attribute)s::jsonb, %(max_attempts)s, %(ttr)s, c.now, c.now
+FROM (SELECT clock_timestamp() AS now) AS c,
+     LATERAL (SELECT coalesce(%(at)s::timestamptz, c.now + %(delay)s::interval) AS t) AS due
 RETURNING *;
 
 
