@@ -26,8 +26,8 @@ def django_env(**extra) -> dict:
 def spawn(args, *, env, log_name) -> subprocess.Popen:
     log_dir = ROOT / "var" / "test-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    log = open(log_dir / f"{log_name}.log", "ab")
-    return subprocess.Popen(args, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log_dir / f"{log_name}.log", "ab") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(args, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def celery_worker(*, env, name="worker", concurrency=2, queues=("celery", "timeouts-test-other"), pool="prefork"):

@@ -1,0 +1,138 @@
+"""End to end through a real broker (Redis) and real Celery worker processes."""
+
+import os
+import signal
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+import psutil
+import pytest
+from django.db import connection, transaction
+
+from tests import processes
+from timeouts.models import TimeoutTask
+from timeouts.scan import scan
+
+Status = TimeoutTask.Status
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def scan_until(predicate, timeout, message):
+    """Run the safety scan in-process (as beat would) until `predicate` holds."""
+    def step():
+        scan()
+        return predicate()
+
+    return processes.wait_for(step, timeout=timeout, interval=0.2, message=message)
+
+
+def finished(n):
+    return lambda: TimeoutTask.objects.filter(status=Status.DONE).count() >= n
+
+
+@pytest.mark.timeout(90)
+def test_due_tasks_run_once_on_their_queue_and_never_early(worker, starts):
+    now = datetime.now(timezone.utc)
+    tasks = [TimeoutTask.objects.schedule("test.record", i, at=now + timedelta(seconds=1 + i / 10)) for i in range(10)]
+    tasks.append(TimeoutTask.objects.schedule("test.queued", "q", at=now + timedelta(seconds=1)))
+    scan_until(finished(len(tasks)), 60, "all tasks done")
+    rows = starts.all()
+    assert sorted(r[0] for r in rows) == sorted(t.job_id for t in tasks)
+    assert all(started_at >= action_time for _, _, action_time, started_at in rows)
+
+
+@pytest.mark.timeout(60)
+def test_rolled_back_scheduling_never_runs(worker, starts):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        TimeoutTask.objects.schedule("test.record", "rolled-back", delay=-1)
+        raise RuntimeError
+    committed = TimeoutTask.objects.schedule("test.record", "committed", delay=-1)
+    scan_until(finished(1), 30, "the committed task")
+    assert [r[0] for r in starts.all()] == [committed.job_id]
+
+
+@pytest.mark.timeout(120)
+def test_a_true_cancel_racing_dispatch_never_runs(worker, starts):
+    now = datetime.now(timezone.utc)
+    TimeoutTask.objects.bulk_schedule(
+        [{"biz_type": "test.record", "biz_id": i, "at": now + timedelta(milliseconds=5 * i)} for i in range(400)]
+    )
+    tasks = list(TimeoutTask.objects.order_by("action_time"))
+    stop = threading.Event()
+
+    def keep_scanning():
+        try:
+            while not stop.is_set():
+                scan()
+                time.sleep(0.01)
+        finally:
+            connection.close()
+
+    scanner = threading.Thread(target=keep_scanning)
+    scanner.start()
+    try:
+        cancelled = set()
+        for task in tasks[::2]:  # cancel every other task while they come due and get dispatched
+            if task.cancel():
+                cancelled.add(task.job_id)
+            time.sleep(0.008)
+        processes.wait_for(
+            lambda: not TimeoutTask.objects.filter(status__in=[0, 1, 4]).exists(), 60, message="all tasks settled"
+        )
+    finally:
+        stop.set()
+        scanner.join(30)
+    ran = {r[0] for r in starts.all()}
+    assert cancelled, "some cancels must have won"
+    assert not ran & cancelled
+    assert ran | cancelled == {t.job_id for t in tasks}
+
+
+@pytest.mark.timeout(240)
+def test_ten_thousand_due_tasks_two_scanners_each_handler_starts_once(worker, starts):
+    count = 10_000
+    at = datetime.now(timezone.utc) + timedelta(seconds=2)
+    TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": i, "at": at} for i in range(count)])
+    errors = []
+
+    def scanner():
+        try:
+            while TimeoutTask.objects.filter(status=Status.PENDING).exists():
+                scan(max_seconds=1)
+                time.sleep(0.05)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=scanner) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    processes.wait_for(finished(count), 200, interval=0.5, message=f"{count} tasks done")
+    for thread in threads:
+        thread.join(30)
+    assert not errors
+    with connection.cursor() as cursor:
+        cursor.execute("""SELECT count(*), count(DISTINCT job_id), count(*) FILTER (WHERE started_at < action_time)
+                          FROM timeouts_test_start""")
+        assert cursor.fetchone() == (count, count, 0)
+
+
+@pytest.mark.timeout(120)
+def test_lease_expiry_redispatches_a_task_whose_worker_was_killed(worker, starts):
+    task = TimeoutTask.objects.schedule("test.slow", "killed", delay=-1, attribute={"sleep": 60})
+    scan()
+    processes.wait_for(lambda: starts.count() == 1, 30, message="the first attempt to start")
+    for process in psutil.Process(worker.pid).children(recursive=True) + [psutil.Process(worker.pid)]:
+        os.kill(process.pid, signal.SIGKILL)  # the whole worker, mid-handler
+    worker.wait(10)
+    replacement = processes.celery_worker(env=processes.django_env(), name="replacement")
+    try:
+        # The lease (ttr=3 s) runs out; a scan recovers the task and dispatches attempt 2.
+        scan_until(finished(1), 60, "the second attempt to finish")
+    finally:
+        processes.stop(replacement)
+    assert [r[1] for r in starts.all()] == [1, 2]
+    done = TimeoutTask.objects.get(job_id=task.job_id)
+    assert (done.status, done.attempts) == (Status.DONE, 2) and "lease" in done.last_error
