@@ -10,6 +10,7 @@ from datetime import datetime
 
 from django.db import connection
 
+from .conf import notify_params
 from .queries import execute, fetch_dicts
 from .retry import retry_on_conflict
 
@@ -22,6 +23,12 @@ class Claim:
     biz_type: str
     attempt: int  # the attempt this dispatch will be, if it starts
     ttr: int
+    claimed_at: datetime  # database clock
+
+    @property
+    def eta(self):
+        """Claimed ahead of time (the dispatcher's lead): the worker should start it at run_at."""
+        return self.run_at if self.run_at > self.claimed_at else None
 
     def message_args(self):
         """What `timeouts.run` receives: enough to address the row (with its partition) and to fence
@@ -36,7 +43,10 @@ def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
     rows = retry_on_conflict(lambda: fetch_dicts("claim_due", {"limit": limit, "lead": float(lead)}))
     return sorted(
         (
-            Claim(row["job_id"], row["action_time"], row["run_at"], row["biz_type"], row["attempts"] + 1, row["ttr"])
+            Claim(
+                row["job_id"], row["action_time"], row["run_at"], row["biz_type"], row["attempts"] + 1, row["ttr"],
+                row["claimed_at"],
+            )
             for row in rows
         ),
         key=lambda claim: claim.run_at,
@@ -46,5 +56,6 @@ def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
 def release(claims):
     """Give claims back to PENDING at once (their messages were not published)."""
     if claims:
-        params = {"job_ids": [c.job_id for c in claims], "action_times": [c.action_time for c in claims]}
+        params = {"job_ids": [c.job_id for c in claims], "action_times": [c.action_time for c in claims],
+                  **notify_params()}
         execute("release_claims", params).close()

@@ -25,6 +25,9 @@ class Settings:
     NOTIFY_HORIZON: float = 60.0
     DISPATCH_LEAD: float = 0.1
     MAX_ATTRIBUTE_BYTES: int = 65536
+    # Run the low-latency dispatcher as a thread inside each Celery worker process, so a small
+    # deployment needs no extra process.
+    DISPATCHER_IN_WORKER: bool = False
 
     def __post_init__(self):
         problems = list(_problems(self))
@@ -53,10 +56,18 @@ def _problems(s):
     yield from number("NOTIFY_HORIZON", 0)
     yield from number("DISPATCH_LEAD", 0)
     yield from number("MAX_ATTRIBUTE_BYTES", 2, integer=True)
+    if not isinstance(s.DISPATCHER_IN_WORKER, bool):
+        yield f"DISPATCHER_IN_WORKER must be True or False, got {s.DISPATCHER_IN_WORKER!r}"
     channel = s.NOTIFY_CHANNEL
     if not isinstance(channel, str) or not channel or len(channel.encode()) > 63:
         # PostgreSQL silently truncates longer identifiers: two apps could then share a channel.
         yield f"NOTIFY_CHANNEL must be a non-empty string of at most 63 bytes, got {channel!r}"
+
+
+def notify_params() -> dict:
+    """The parameters every query that may wake the dispatchers takes."""
+    settings = get_settings()
+    return {"channel": settings.NOTIFY_CHANNEL, "horizon": float(settings.NOTIFY_HORIZON)}
 
 
 KEYS = frozenset(f.name for f in fields(Settings))

@@ -1,7 +1,9 @@
 """Handing claimed tasks to Celery: one `timeouts.run` message per task, JSON, on the handler's queue.
 
-No Celery ETA or countdown is used here: only due tasks are published, so nothing waits in a
-worker's memory or in the broker past a visibility timeout.
+Only due tasks are published, or tasks due within the dispatcher's short DISPATCH_LEAD: those carry
+a Celery ETA equal to their run_at, so a worker holds them for milliseconds at most. Nothing waits
+in a worker's memory or in the broker long enough for a visibility timeout to matter, and the
+worker's compare-and-set still refuses to start a task early by the database clock.
 """
 
 import logging
@@ -30,6 +32,8 @@ def publish(claims) -> int:
                 # Celery kills a handler that outlives its lease, so it cannot run on beside the
                 # re-dispatched attempt that lease recovery will start.
                 options["time_limit"] = claim.ttr
+                if claim.eta is not None:
+                    options["eta"] = claim.eta
                 run.apply_async(args=claim.message_args(), **options)
                 sent += 1
     except Exception:

@@ -1,7 +1,7 @@
 """Named SQL queries, read once from the files in QUERY_FILES.
 
 Every runtime query lives under a `-- name: <name>` header in `sql/queries.sql` (tasks) or
-`sql/partitions.sql` (partition maintenance), so the SQL that runs in production can be read,
+`sql/partitions.sql` (partition maintenance) or `sql/dispatcher.sql` (the dispatcher), so the SQL that runs in production can be read,
 reviewed and EXPLAINed in one place.
 """
 
@@ -24,7 +24,7 @@ def parse(text: str) -> dict[str, str]:
     return queries
 
 
-QUERY_FILES = ("queries.sql", "partitions.sql")
+QUERY_FILES = ("queries.sql", "partitions.sql", "dispatcher.sql")
 
 
 def _load():

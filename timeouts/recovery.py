@@ -2,6 +2,7 @@
 
 import logging
 
+from .conf import notify_params
 from .queries import fetch_dicts
 from .retry import retry_on_conflict
 
@@ -13,7 +14,7 @@ BATCH = 1000
 def recover_expired() -> int:
     recovered = 0
     while True:
-        rows = retry_on_conflict(lambda: fetch_dicts("recover_expired", {"limit": BATCH}))
+        rows = retry_on_conflict(lambda: fetch_dicts("recover_expired", {"limit": BATCH, **notify_params()}))
         recovered += len(rows)
         if len(rows) < BATCH:
             break

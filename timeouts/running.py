@@ -6,6 +6,7 @@ import time
 import traceback
 from datetime import datetime
 
+from .conf import notify_params
 from .models import TimeoutTask
 from .queries import fetch_one
 from .registry import get_handler
@@ -36,9 +37,8 @@ def run(job_id: int, action_time: str, attempt: int) -> str:
         get_handler(task.biz_type)(task)
     except Exception:
         error = traceback.format_exc()[-MAX_ERROR_LENGTH:]
-        row = retry_on_conflict(
-            lambda: fetch_one("fail_task", {**key, "attempt": attempt, "error": error, "backoff": backoff_seconds(attempt)})
-        )
+        params = {**key, "attempt": attempt, "error": error, "backoff": backoff_seconds(attempt), **notify_params()}
+        row = retry_on_conflict(lambda: fetch_one("fail_task", params))
         outcome = "lost" if row is None else ("dead" if row["status"] == TimeoutTask.Status.DEAD else "retry")
         logger.warning("timeouts: %s attempt %s failed (%s)", task, attempt, outcome, exc_info=True)
         return outcome

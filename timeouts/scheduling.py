@@ -10,7 +10,7 @@ from datetime import timedelta
 from django.db import connections, transaction
 
 from . import validation
-from .conf import get_settings
+from .conf import get_settings, notify_params
 from .errors import TaskConflict, TimeoutsError
 from .queries import execute, fetch_dicts, fetch_one
 from .registry import get_handler
@@ -41,6 +41,7 @@ class NewTask:
             "attribute": self.attribute,
             "max_attempts": self.max_attempts,
             "ttr": self.ttr,
+            **notify_params(),
         }
 
 
@@ -113,7 +114,8 @@ def bulk_schedule(model, items, *, using="default") -> int:
     created = 0
     with transaction.atomic(using=using):
         if plain:
-            _copy(plain, connections[using])
+            earliest = _copy(plain, connections[using])
+            execute("notify_deadline", {"deadline": earliest, **notify_params()}, using=connections[using]).close()
             created += len(plain)
         for new in keyed:
             _task, was_created = _schedule_keyed(model, new, using)
@@ -122,7 +124,8 @@ def bulk_schedule(model, items, *, using="default") -> int:
 
 
 def _copy(rows, connection):
-    now = None
+    """COPY the rows in; returns the earliest action_time, for the one NOTIFY of the batch."""
+    now = earliest = None
     if any(new.delay is not None for new in rows):
         # One reading of the database clock for the whole batch.
         now = fetch_one("database_now", using=connection)["now"]
@@ -131,3 +134,5 @@ def _copy(rows, connection):
         for new in rows:
             at = new.at if new.delay is None else now + new.delay
             copy.write_row((new.biz_type, new.biz_id, at, at, new.attribute, new.max_attempts, new.ttr))
+            earliest = at if earliest is None else min(earliest, at)
+    return earliest

@@ -10,6 +10,7 @@ is tried again where the row is now.
 from django.db import connections
 
 from . import validation
+from .conf import notify_params
 from .queries import fetch_dicts, fetch_one
 from .registry import check_biz_type
 from .retry import retry_on_conflict
@@ -44,11 +45,11 @@ def cancel(task) -> bool:
 
 def reschedule(task, *, at=None, delay=None) -> bool:
     at, delay = validation.action_time(at, delay)
-    return _change(task, "reschedule_task", (PENDING, DISPATCHED), {"at": at, "delay": delay})
+    return _change(task, "reschedule_task", (PENDING, DISPATCHED), {"at": at, "delay": delay, **notify_params()})
 
 
 def requeue(task) -> bool:
-    return _change(task, "requeue_task", (CANCELLED, DEAD))
+    return _change(task, "requeue_task", (CANCELLED, DEAD), notify_params())
 
 
 def cancel_by_key(biz_type, biz_id, *, using="default") -> int:

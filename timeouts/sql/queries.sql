@@ -7,13 +7,22 @@
 
 
 -- name: insert_task
--- One new task. With delay=, the database adds it to its own clock.
-INSERT INTO timeouts_task
-    (biz_type, biz_id, action_time, run_at, attribute, max_attempts, ttr, created_at, modified_at)
-SELECT %(biz_type)s, %(biz_id)s, due.t, due.t, %(attribute)s::jsonb, %(max_attempts)s, %(ttr)s, c.now, c.now
-FROM (SELECT clock_timestamp() AS now) AS c,
-     LATERAL (SELECT coalesce(%(at)s::timestamptz, c.now + %(delay)s::interval) AS t) AS due
-RETURNING *;
+-- One new task. With delay=, the database adds it to its own clock. Wakes the dispatchers when the
+-- task is due within the horizon (one round trip for both).
+WITH new AS (
+    INSERT INTO timeouts_task
+        (biz_type, biz_id, action_time, run_at, attribute, max_attempts, ttr, created_at, modified_at)
+    SELECT %(biz_type)s, %(biz_id)s, due.t, due.t, %(attribute)s::jsonb, %(max_attempts)s, %(ttr)s, c.now, c.now
+    FROM (SELECT clock_timestamp() AS now) AS c,
+         LATERAL (SELECT coalesce(%(at)s::timestamptz, c.now + %(delay)s::interval) AS t) AS due
+    RETURNING *
+)
+SELECT new.*, timeouts_notify_v1(%(channel)s, new.run_at, new.created_at + %(horizon)s * interval '1 second') AS notified
+FROM new;
+
+
+-- name: notify_deadline
+SELECT timeouts_notify_v1(%(channel)s, %(deadline)s, clock_timestamp() + %(horizon)s * interval '1 second');
 
 
 -- name: database_now
@@ -63,7 +72,8 @@ UPDATE timeouts_task
 SET action_time = due.t, run_at = due.t, status = 0, lease_until = NULL, modified_at = clock_timestamp()
 FROM (SELECT coalesce(%(at)s::timestamptz, clock_timestamp() + %(delay)s::interval) AS t) AS due
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status IN (0, 1)
-RETURNING timeouts_task.*;
+RETURNING timeouts_task.*,
+    timeouts_notify_v1(%(channel)s, due.t, clock_timestamp() + %(horizon)s * interval '1 second') AS notified;
 
 
 -- name: requeue_task
@@ -72,7 +82,7 @@ SET status = 0, action_time = c.now, run_at = c.now, attempts = 0, lease_until =
     started_at = NULL, finished_at = NULL, modified_at = c.now
 FROM (SELECT clock_timestamp() AS now) AS c
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status IN (3, 5)
-RETURNING timeouts_task.*;
+RETURNING timeouts_task.*, timeouts_notify_v1(%(channel)s, c.now, c.now) AS notified;
 
 
 -- name: claim_due
@@ -94,7 +104,7 @@ UPDATE timeouts_task AS t
 SET status = 1, dispatched_at = now(), modified_at = now(), lease_until = now() + t.ttr * interval '1 second'
 FROM due
 WHERE t.job_id = due.job_id AND t.action_time = due.action_time
-RETURNING t.job_id, t.action_time, t.run_at, t.biz_type, t.attempts, t.ttr;
+RETURNING t.job_id, t.action_time, t.run_at, t.biz_type, t.attempts, t.ttr, now() AS claimed_at;
 
 
 -- name: release_claims
@@ -102,7 +112,8 @@ RETURNING t.job_id, t.action_time, t.run_at, t.biz_type, t.attempts, t.ttr;
 UPDATE timeouts_task AS t
 SET status = 0, lease_until = NULL, modified_at = clock_timestamp()
 FROM unnest(%(job_ids)s::bigint[], %(action_times)s::timestamptz[]) AS r(job_id, action_time)
-WHERE t.job_id = r.job_id AND t.action_time = r.action_time AND t.status = 1;
+WHERE t.job_id = r.job_id AND t.action_time = r.action_time AND t.status = 1
+RETURNING timeouts_notify_v1(%(channel)s, t.run_at, clock_timestamp() + %(horizon)s * interval '1 second');
 
 
 -- name: start_task
@@ -142,7 +153,7 @@ SET status = CASE WHEN attempts >= max_attempts THEN 5 ELSE 0 END,
     last_error = %(error)s, lease_until = NULL, modified_at = c.now
 FROM (SELECT clock_timestamp() AS now) AS c
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status = 4 AND attempts = %(attempt)s
-RETURNING status;
+RETURNING status, timeouts_notify_v1(%(channel)s, CASE WHEN status = 0 THEN run_at END, c.now + %(horizon)s * interval '1 second') AS notified;
 
 
 -- name: recover_expired
@@ -166,4 +177,4 @@ SET status = CASE WHEN t.status = 4 AND t.attempts >= t.max_attempts THEN 5 ELSE
     lease_until = NULL, modified_at = c.now
 FROM expired, (SELECT clock_timestamp() AS now) AS c
 WHERE t.job_id = expired.job_id AND t.action_time = expired.action_time
-RETURNING t.job_id, t.status;
+RETURNING t.job_id, t.status, timeouts_notify_v1(%(channel)s, CASE WHEN t.status = 0 THEN t.run_at END, c.now) AS notified;

@@ -1,0 +1,74 @@
+"""The write side of the dispatcher's wake-ups: NOTIFY sent inside the writing transaction, only for
+deadlines within NOTIFY_HORIZON, at most once per transaction for its earliest deadline."""
+
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+
+from timeouts.models import TimeoutTask
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(30)]
+
+
+@pytest.fixture
+def listener():
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    conn = psycopg.connect(**params, autocommit=True)
+    conn.execute('LISTEN "timeouts"')
+
+    def received():
+        return [float(n.payload) for n in conn.notifies(timeout=0.3)]
+
+    yield received
+    conn.close()
+
+
+def epoch(dt):
+    return dt.timestamp()
+
+
+def test_a_task_due_within_the_horizon_notifies_its_deadline(listener):
+    task = TimeoutTask.objects.schedule("test.record", 1, delay=5)
+    assert listener() == [pytest.approx(epoch(task.action_time), abs=1e-6)]
+
+
+def test_a_task_beyond_the_horizon_does_not_notify(listener):
+    TimeoutTask.objects.schedule("test.record", 1, delay=3600)
+    assert listener() == []
+
+
+def test_a_rolled_back_schedule_never_notifies(listener):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        TimeoutTask.objects.schedule("test.record", 1, delay=1)
+        raise RuntimeError
+    assert listener() == []
+
+
+def test_one_notification_per_transaction_for_its_earliest_deadline(listener):
+    now = datetime.now(timezone.utc)
+    with transaction.atomic():
+        first = TimeoutTask.objects.schedule("test.record", 1, at=now + timedelta(seconds=1))
+        for i in range(2, 20):
+            TimeoutTask.objects.schedule("test.record", i, at=now + timedelta(seconds=i))
+    assert listener() == [pytest.approx(epoch(first.action_time), abs=1e-6)]
+
+
+def test_bulk_schedule_sends_one_notification(listener):
+    now = datetime.now(timezone.utc)
+    items = [{"biz_type": "test.record", "biz_id": i, "at": now + timedelta(seconds=30 - i / 100)} for i in range(2000)]
+    TimeoutTask.objects.bulk_schedule(items)
+    assert listener() == [pytest.approx(epoch(now + timedelta(seconds=30 - 1999 / 100)), abs=1e-6)]
+
+
+def test_reschedule_and_requeue_notify(listener):
+    task = TimeoutTask.objects.schedule("test.record", 1, delay=3600)
+    assert listener() == []
+    task.reschedule(delay=2)
+    assert listener() == [pytest.approx(epoch(task.action_time), abs=1e-6)]
+    task.cancel()
+    task.requeue()
+    assert listener() == [pytest.approx(epoch(task.action_time), abs=1e-6)]

@@ -1,0 +1,1 @@
+-- Dispatcher queries (see timeouts/dispatcher.py).
