@@ -1,0 +1,60 @@
+"""Every call of CONTRACT.md, from a host project that only has the installed app."""
+
+import os
+from datetime import datetime, timedelta, timezone
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hostsite.settings")
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+from django.db import transaction  # noqa: E402
+
+import timeouts  # noqa: E402
+import timeouts.celery  # noqa: E402
+from shop.timeouts_handlers import CLOSED  # noqa: E402
+from timeouts.models import TimeoutTask  # noqa: E402
+
+assert "/tests/host_project" not in timeouts.__file__, "timeouts must come from the installed wheel"
+call_command("migrate", verbosity=0)
+Status = TimeoutTask.Status
+now = datetime.now(timezone.utc)
+
+task = TimeoutTask.objects.schedule("order.close", biz_id=42, at=now - timedelta(seconds=1), attribute={"reason": "unpaid"})
+assert (task.status, task.biz_id, task.max_attempts, task.ttr) == (Status.PENDING, "42", 3, 30)
+later = timeouts.schedule("order.close", 43, delay=timedelta(minutes=30), on_conflict="error")
+try:
+    timeouts.schedule("order.close", 43, delay=60, on_conflict="error")
+    raise AssertionError("conflict expected")
+except timeouts.TaskConflict:
+    pass
+assert TimeoutTask.objects.schedule("order.close", 43, delay=5, on_conflict="keep").job_id == later.job_id
+assert TimeoutTask.objects.bulk_schedule([{"biz_type": "order.close", "biz_id": i, "delay": 3600} for i in range(5)]) == 5
+with transaction.atomic():
+    TimeoutTask.objects.schedule("order.close", "rolled-back", delay=-1)
+    transaction.set_rollback(True)
+assert not TimeoutTask.objects.filter(biz_id="rolled-back").exists()
+for bad in ({"at": datetime(2030, 1, 1)}, {"delay": 1, "attribute": {"x": float("nan")}}):
+    try:
+        timeouts.schedule("order.close", 1, **bad)
+        raise AssertionError(f"{bad} must be rejected")
+    except timeouts.TimeoutsError as exc:
+        assert isinstance(exc, ValueError)
+assert later.reschedule(delay=timedelta(hours=2)) is True
+assert later.cancel() is True and later.cancel() is False
+assert later.requeue() is True and later.status == Status.PENDING
+assert timeouts.cancel("order.close", 0) == 1
+assert TimeoutTask.objects.cancel("order.close", 1) == 1
+assert set(TimeoutTask.objects.due()) == {task, later}
+assert TimeoutTask.objects.pending().count() == 5 and not TimeoutTask.objects.dead().exists()
+
+from timeouts.tasks import maintain, scan  # noqa: E402
+
+scan.apply()  # the safety scan; with an eager Celery app the handlers run inline
+assert sorted(CLOSED) == [("42", {"reason": "unpaid"}), (str(later.biz_id), {})], CLOSED
+task.refresh_from_db()
+assert task.status == Status.DONE and task.lateness >= timedelta(0)
+maintain.apply()
+assert set(timeouts.celery.beat_schedule()) == {"timeouts.scan", "timeouts.maintain"}
+print("CONTRACT OK")
