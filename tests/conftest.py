@@ -38,11 +38,30 @@ def starts(transactional_db):
 
 @pytest.fixture(scope="session")
 def broker():
-    """The test broker (a Redis database of its own), emptied before use."""
-    client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    """The test broker (a Redis database of its own), emptied before use.
+
+    With another transport (bin/test's filesystem:// fallback when no Redis runs) this is a stand-in
+    whose flushdb() empties the transport's message folders (and does nothing for other transports)."""
+    if settings.CELERY_BROKER_URL.startswith(("redis://", "rediss://", "unix://")):
+        client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    else:
+        client = _FolderBroker(getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", None) or {})
     client.flushdb()
     yield client
     client.flushdb()
+
+
+class _FolderBroker:
+    def __init__(self, options):
+        self.folders = {options[key] for key in ("data_folder_in", "data_folder_out") if options.get(key)}
+
+    def flushdb(self):
+        import pathlib
+
+        for folder in self.folders:
+            for message in pathlib.Path(folder).glob("*.msg"):
+                message.unlink(missing_ok=True)
+        return True
 
 
 @pytest.fixture

@@ -1,0 +1,71 @@
+# Shared by bin/test and bin/demo (sourced, not run). Expects to be in the repository root.
+
+ROOT=$(pwd)
+SERVICES="$ROOT/bin/_services.py"
+
+say() { printf '%s\n' "$*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+# find_python 3.11 -> path of a working interpreter of that version, or nothing (status 1).
+# pyenv's shims exist for every installed version but only run the selected ones, so each
+# candidate is run once to see that it works.
+find_python() {
+    local version=$1 candidate root
+    local candidates=()
+    command -v "python$version" >/dev/null 2>&1 && candidates+=("$(command -v "python$version")")
+    if command -v pyenv >/dev/null 2>&1 && root=$(pyenv root 2>/dev/null); then
+        for candidate in "$root"/versions/"$version"*/bin/python"$version"; do
+            [ -x "$candidate" ] && candidates+=("$candidate")
+        done
+    fi
+    for candidate in "${candidates[@]}"; do
+        if "$candidate" -c "import sys, venv; assert sys.version_info[:2] == tuple(map(int, '$version'.split('.')))" \
+            >/dev/null 2>&1; then
+            echo "$candidate"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# ensure_venv DIR PYTHON REQUIREMENTS: create DIR with PYTHON if missing and install REQUIREMENTS and
+# this package (editable). Skipped when a stamp in DIR holds the hash of the requirement files,
+# pyproject.toml and the interpreter version.
+ensure_venv() {
+    local dir=$1 python=$2 reqs=$3 stamp="$1/.timeouts-requirements.sha256" hash log
+    if [ ! -x "$dir/bin/python" ]; then
+        say "Creating $dir with $python ..."
+        "$python" -m venv "$dir" || die "could not create $dir"
+        echo '*' >"$dir/.gitignore"  # a virtualenv is never committed, whatever its name
+    fi
+    hash=$( { cat requirements/*.txt pyproject.toml; "$dir/bin/python" -VV; echo "$reqs"; } | sha256sum | cut -d' ' -f1)
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$hash" ]; then
+        return 0
+    fi
+    mkdir -p var
+    log="var/pip-$(basename "$dir").log"
+    say "Installing $reqs and the package (editable) into $dir (log: $log) ..."
+    if ! "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -r "$reqs" -e . >"$log" 2>&1; then
+        tail -n 40 "$log" >&2
+        die "pip install into $dir failed (full log: $log)"
+    fi
+    echo "$hash" >"$stamp"
+}
+
+# setup_services DB_NAME REDIS_DB TEST_REDIS_DB PYTHON: export DATABASE_URL, CELERY_BROKER_URL,
+# TIMEOUTS_TEST_BROKER_URL (see bin/_services.py), starting the fallbacks when needed. PYTHON runs
+# the (standard library only) helper and its pip installs pgserver if that is needed.
+setup_services() {
+    local exports
+    exports=$("$4" "$SERVICES" env --db "$1" --redis-db "$2" --test-redis-db "$3" --python "$4") || exit 1
+    eval "$exports"
+    SERVICES_PYTHON=$4
+}
+
+# Stop the embedded PostgreSQL if this run started it (call on EXIT).
+stop_fallbacks() {
+    if [ "${TIMEOUTS_PGSERVER_STARTED:-}" = 1 ]; then
+        "${SERVICES_PYTHON:-python3}" "$SERVICES" stop-pgserver || true
+        unset TIMEOUTS_PGSERVER_STARTED
+    fi
+}

@@ -1,0 +1,346 @@
+#!/usr/bin/env python3
+"""Find the services bin/test and bin/demo need, or start local fallbacks. Standard library only,
+so it runs before any virtualenv exists.
+
+    _services.py env --db NAME --redis-db N --test-redis-db N [--python PY]
+        Print `export VAR=value` lines for the shell to eval (messages go to stderr):
+        DATABASE_URL, CELERY_BROKER_URL, TIMEOUTS_TEST_BROKER_URL, TIMEOUTS_BROKER_FOLDER,
+        TIMEOUTS_PGSERVER_STARTED (set when this call started the embedded PostgreSQL).
+    _services.py probe-pg|probe-redis|probe-tcp HOST:PORT      exit 0 when it answers
+    _services.py stop-pgserver                                  stop the embedded PostgreSQL
+    _services.py createdb URL          (needs psycopg: run with the venv's python)
+    _services.py check-reqs BASE DERIVED   DERIVED must pin what BASE pins, Django aside
+
+Knobs (environment):
+    DATABASE_URL, CELERY_BROKER_URL   used as given (and probed) when set
+    TIMEOUTS_PG_PROBE     host:port of the local PostgreSQL to try (default 127.0.0.1:5432)
+    TIMEOUTS_REDIS_PROBE  host:port of the local Redis to try (default 127.0.0.1:6379)
+    TIMEOUTS_PGSERVER_OS_USER  the OS user the embedded PostgreSQL runs as when we are root
+                          (PostgreSQL refuses to run as root; default: nobody)
+
+Fallbacks:
+    PostgreSQL: the binaries of the `pgserver` wheel (PyPI), installed into var/pgserver/pkg. Its
+    Python API (pgserver.get_server) is not used: on Linux it listens on a Unix socket only, stops
+    the server when the calling process exits, and as root creates a system user with useradd.
+    Here the server gets its own data directory (var/pgserver/data), listens on 127.0.0.1 on a
+    free port and lives until `stop-pgserver`.
+    Redis: kombu's filesystem:// transport with its folders under var/broker.
+"""
+
+import argparse
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+VAR = ROOT / "var"
+PGSERVER_DIR = VAR / "pgserver"
+PGSERVER_PKG = PGSERVER_DIR / "pkg"
+PGSERVER_DATA = PGSERVER_DIR / "data"
+PGSERVER_BIN = PGSERVER_PKG / "pgserver" / "pginstall" / "bin"
+PGSERVER_REQUIREMENT = "pgserver==0.1.4"
+BROKER_FOLDER = VAR / "broker"
+
+
+def say(message):
+    print(message, file=sys.stderr, flush=True)
+
+
+def loud(message):
+    bar = "!" * 78
+    say(f"\n{bar}\n" + "\n".join(f"!! {line}" for line in message.splitlines()) + f"\n{bar}\n")
+
+
+def host_port(text, default_port):
+    host, _, port = text.rpartition(":")
+    if not host:
+        return text, default_port
+    return host, int(port)
+
+
+# --- probes: a real protocol exchange, not just an open port -------------------------------------
+
+
+def probe_pg(host, port, timeout=2.0) -> bool:
+    """Send PostgreSQL's SSLRequest; a server answers with one byte, 'S' or 'N'."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall((8).to_bytes(4, "big") + (80877103).to_bytes(4, "big"))
+            return sock.recv(1) in (b"S", b"N")
+    except OSError:
+        return False
+
+
+def probe_redis(host, port, timeout=2.0) -> bool:
+    """PING; a server answers +PONG (or an error such as -NOAUTH, which still is a Redis)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64)[:1] in (b"+", b"-")
+    except OSError:
+        return False
+
+
+def probe_tcp(host, port, timeout=2.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def free_port(host="127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+# --- the embedded PostgreSQL (pgserver's binaries) -------------------------------------------------
+
+
+def _pg_user_kwargs():
+    """PostgreSQL refuses to run as root: then run its programs as an unprivileged user."""
+    if os.geteuid() != 0:
+        return {}
+    import pwd
+
+    name = os.environ.get("TIMEOUTS_PGSERVER_OS_USER", "nobody")
+    entry = pwd.getpwnam(name)
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+
+def _pg_run(args, **kwargs):
+    # Never inherit our stdout: the shell captures it with $(...) and would wait for the server.
+    log = open(PGSERVER_DIR / "pgserver.log", "ab")
+    try:
+        return subprocess.run(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=PGSERVER_DIR,
+                              env={**os.environ, "LC_ALL": "C", "LANG": "C"}, **_pg_user_kwargs(), **kwargs)
+    finally:
+        log.close()
+
+
+def _install_pgserver(python):
+    if (PGSERVER_BIN / "pg_ctl").exists():
+        return
+    say(f"Installing the embedded PostgreSQL ({PGSERVER_REQUIREMENT}) into {PGSERVER_PKG.relative_to(ROOT)} ...")
+    PGSERVER_DIR.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(PGSERVER_PKG), PGSERVER_REQUIREMENT],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    if result.returncode != 0 or not (PGSERVER_BIN / "pg_ctl").exists():
+        say(result.stdout)
+        raise SystemExit(f"error: could not install {PGSERVER_REQUIREMENT} (needs PyPI)")
+
+
+def _running_pgserver_port():
+    """The port of an embedded server already running on var/pgserver/data, or None."""
+    pid_file = PGSERVER_DATA / "postmaster.pid"
+    try:
+        lines = pid_file.read_text().splitlines()
+        pid, port = int(lines[0]), int(lines[3])
+        os.kill(pid, 0)
+    except (OSError, ValueError, IndexError):
+        return None
+    return port if probe_pg("127.0.0.1", port) else None
+
+
+def start_pgserver(python) -> tuple[int, bool]:
+    """Returns (port, started_by_us)."""
+    port = _running_pgserver_port()
+    if port is not None:
+        say(f"Reusing the embedded PostgreSQL already running on 127.0.0.1:{port} ({PGSERVER_DATA.relative_to(ROOT)}).")
+        return port, False
+    _install_pgserver(python)
+    user_kwargs = _pg_user_kwargs()
+    if not (PGSERVER_DATA / "PG_VERSION").exists():
+        say(f"Initialising the embedded PostgreSQL in {PGSERVER_DATA.relative_to(ROOT)} ...")
+        PGSERVER_DATA.mkdir(parents=True, exist_ok=True)
+        if user_kwargs:
+            os.chown(PGSERVER_DATA, user_kwargs["user"], user_kwargs["group"])
+        PGSERVER_DATA.chmod(0o700)
+        result = _pg_run([str(PGSERVER_BIN / "initdb"), "-D", str(PGSERVER_DATA), "-U", "postgres", "--auth=trust",
+                          "--encoding=UTF8", "--no-locale", "--no-sync"])
+        if result.returncode != 0:
+            raise SystemExit(f"error: initdb failed; see {PGSERVER_DIR / 'pgserver.log'}")
+        with open(PGSERVER_DATA / "postgresql.conf", "a") as conf:
+            # Test data only: TCP on loopback, no Unix socket, durability traded for speed.
+            conf.write("\n# bin/_services.py\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = ''\n"
+                       "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 200\n")
+    port = free_port()
+    say(f"Starting the embedded PostgreSQL on 127.0.0.1:{port} ...")
+    result = _pg_run([str(PGSERVER_BIN / "pg_ctl"), "-D", str(PGSERVER_DATA), "-w", "-t", "60", "-o", f"-p {port}",
+                      "-l", str(PGSERVER_DATA / "server.log"), "start"], start_new_session=True)
+    if result.returncode != 0 or not probe_pg("127.0.0.1", port):
+        raise SystemExit(f"error: the embedded PostgreSQL did not start; see {PGSERVER_DATA / 'server.log'} "
+                         f"and {PGSERVER_DIR / 'pgserver.log'}")
+    return port, True
+
+
+def stop_pgserver():
+    pid_file = PGSERVER_DATA / "postmaster.pid"
+    if not pid_file.exists():
+        return
+    try:
+        pid = int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    say(f"Stopping the embedded PostgreSQL (pid {pid}) ...")
+    _pg_run([str(PGSERVER_BIN / "pg_ctl"), "-D", str(PGSERVER_DATA), "-w", "-t", "30", "-m", "fast", "stop"])
+    for sig in (signal.SIGTERM, signal.SIGKILL):  # pg_ctl failed? then by PID
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return
+        os.kill(pid, sig)
+        time.sleep(2)
+
+
+# --- choosing the services -------------------------------------------------------------------------
+
+
+def with_path(url, path):
+    parts = urlsplit(url)
+    return parts._replace(path="/" + path).geturl()
+
+
+def choose_database(db_name, python, out):
+    url = os.environ.get("DATABASE_URL")
+    if url:
+        parts = urlsplit(url)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 5432
+        if parts.hostname and not parts.hostname.startswith("/") and not probe_pg(host, port):
+            raise SystemExit(f"error: DATABASE_URL is set but no PostgreSQL answers at {host}:{port}")
+        say(f"PostgreSQL: DATABASE_URL as given ({parts._replace(netloc=f'{host}:{port}').geturl()})")
+        return
+    host, port = host_port(os.environ.get("TIMEOUTS_PG_PROBE", "127.0.0.1:5432"), 5432)
+    if probe_pg(host, port):
+        say(f"PostgreSQL: {host}:{port}")
+        out["DATABASE_URL"] = f"postgres://postgres@{host}:{port}/{db_name}"
+        return
+    if not python:
+        raise SystemExit(f"error: no PostgreSQL at {host}:{port} and no --python to install the embedded one")
+    loud(f"No PostgreSQL answers at {host}:{port}: using an embedded PostgreSQL (PyPI pgserver)\n"
+         f"in {PGSERVER_DATA.relative_to(ROOT)}. Set DATABASE_URL to use a server of your own.")
+    port, started = start_pgserver(python)
+    out["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:{port}/{db_name}"
+    if started:
+        out["TIMEOUTS_PGSERVER_STARTED"] = "1"
+
+
+def choose_broker(redis_db, test_redis_db, out):
+    url = os.environ.get("CELERY_BROKER_URL")
+    if url:
+        parts = urlsplit(url)
+        if parts.scheme in ("redis", "rediss"):
+            host, port = parts.hostname or "127.0.0.1", parts.port or 6379
+            if not probe_redis(host, port):
+                raise SystemExit(f"error: CELERY_BROKER_URL is set but no Redis answers at {host}:{port}")
+        elif parts.scheme in ("amqp", "amqps", "pyamqp"):
+            host, port = parts.hostname or "127.0.0.1", parts.port or 5672
+            if not probe_tcp(host, port):
+                raise SystemExit(f"error: CELERY_BROKER_URL is set but nothing answers at {host}:{port}")
+        say(f"Broker: CELERY_BROKER_URL as given ({parts.scheme}://...)")
+        if parts.scheme == "filesystem":
+            _filesystem_broker(out, warn=False)
+        out.setdefault("TIMEOUTS_TEST_BROKER_URL", os.environ.get("TIMEOUTS_TEST_BROKER_URL") or url)
+        return
+    host, port = host_port(os.environ.get("TIMEOUTS_REDIS_PROBE", "127.0.0.1:6379"), 6379)
+    if probe_redis(host, port):
+        say(f"Redis: {host}:{port}")
+        out["CELERY_BROKER_URL"] = f"redis://{host}:{port}/{redis_db}"
+        out["TIMEOUTS_TEST_BROKER_URL"] = os.environ.get("TIMEOUTS_TEST_BROKER_URL") or f"redis://{host}:{port}/{test_redis_db}"
+        return
+    loud(f"No Redis answers at {host}:{port}: FALLING BACK to kombu's filesystem:// transport\n"
+         f"(folders in {BROKER_FOLDER.relative_to(ROOT)}). It is slow and for local use only;\n"
+         f"start Redis or set CELERY_BROKER_URL for anything real.")
+    out["CELERY_BROKER_URL"] = "filesystem://"
+    out["TIMEOUTS_TEST_BROKER_URL"] = "filesystem://"
+    _filesystem_broker(out, warn=True)
+
+
+def _filesystem_broker(out, warn):
+    folder = Path(os.environ.get("TIMEOUTS_BROKER_FOLDER") or BROKER_FOLDER)
+    for sub in ("queue", "control", "processed"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    out["TIMEOUTS_BROKER_FOLDER"] = str(folder)
+
+
+def cmd_env(args):
+    out = {}
+    choose_database(args.db, args.python, out)
+    choose_broker(args.redis_db, args.test_redis_db, out)
+    for key, value in out.items():
+        print(f"export {key}={shlex.quote(value)}")
+
+
+def cmd_createdb(args):
+    """Create the database of URL if it does not exist (connects to the `postgres` database)."""
+    import psycopg
+    from psycopg import sql
+
+    parts = urlsplit(args.url)
+    name = parts.path.lstrip("/")
+    admin = with_path(args.url, "postgres").replace("postgres://", "postgresql://", 1)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone() is None:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            say(f"Created database {name}.")
+
+
+def _pins(path: Path) -> dict:
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line or line.startswith("-"):
+            continue
+        name = re.split(r"[\[=<>!~; ]", line, maxsplit=1)[0]
+        pins[re.sub(r"[-_.]+", "-", name).lower()] = line
+    return pins
+
+
+def cmd_check_reqs(args):
+    base, derived = _pins(Path(args.base)), _pins(Path(args.derived))
+    base.pop("django", None)
+    derived.pop("django", None)
+    if base != derived:
+        lines = [f"  {args.base}: {base.get(k, '-')}  vs  {args.derived}: {derived.get(k, '-')}"
+                 for k in sorted(set(base) | set(derived)) if base.get(k) != derived.get(k)]
+        raise SystemExit(f"error: {args.derived} must pin what {args.base} pins (Django aside):\n" + "\n".join(lines))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    env = sub.add_parser("env")
+    env.add_argument("--db", default="timeouts", help="database name in the DATABASE_URL we make")
+    env.add_argument("--redis-db", type=int, default=0)
+    env.add_argument("--test-redis-db", type=int, default=13)
+    env.add_argument("--python", help="interpreter whose pip installs pgserver when it is needed")
+    env.set_defaults(func=cmd_env)
+    for name, probe, default in (("probe-pg", probe_pg, 5432), ("probe-redis", probe_redis, 6379),
+                                 ("probe-tcp", probe_tcp, 80)):
+        p = sub.add_parser(name)
+        p.add_argument("address")
+        p.set_defaults(func=lambda a, probe=probe, default=default: sys.exit(0 if probe(*host_port(a.address, default)) else 1))
+    sub.add_parser("stop-pgserver").set_defaults(func=lambda a: stop_pgserver())
+    p = sub.add_parser("createdb")
+    p.add_argument("url")
+    p.set_defaults(func=cmd_createdb)
+    p = sub.add_parser("check-reqs")
+    p.add_argument("base")
+    p.add_argument("derived")
+    p.set_defaults(func=cmd_check_reqs)
+    args = parser.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""`bin/demo --smoke` end to end: worker, beat and web server on a database and broker of its own;
+its demo orders must be closed by their handler on time, the paid ones' timeouts cancelled."""
+
+import os
+import signal
+import subprocess
+import sys
+from urllib.parse import urlsplit
+
+import psycopg
+import pytest
+from django.conf import settings
+from psycopg import sql
+
+from tests.processes import ROOT
+
+SMOKE_DB = "timeouts_demo_smoke"
+
+
+def _admin_connection():
+    db = settings.DATABASES["default"]
+    return psycopg.connect(
+        host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432, user=db["USER"], password=db["PASSWORD"] or None,
+        dbname="postgres", autocommit=True,
+    )
+
+
+def _drop(conn):
+    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(SMOKE_DB)))
+
+
+@pytest.fixture
+def smoke_database():
+    db = settings.DATABASES["default"]
+    with _admin_connection() as conn:
+        _drop(conn)
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(SMOKE_DB)))
+    password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
+    yield f"postgres://{db['USER']}{password}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{SMOKE_DB}"
+    with _admin_connection() as conn:
+        _drop(conn)
+
+
+@pytest.fixture
+def smoke_broker(tmp_path):
+    """A broker of its own: another Redis database than the tests' (emptied before and after), or a
+    folder of its own with the filesystem transport."""
+    url = os.environ.get("TIMEOUTS_DEMO_SMOKE_BROKER_URL")
+    test_url = settings.CELERY_BROKER_URL
+    extra = {}
+    if not url:
+        parts = urlsplit(test_url)
+        if parts.scheme in ("redis", "rediss"):
+            number = 12 if parts.path.strip("/") != "12" else 11
+            url = parts._replace(path=f"/{number}").geturl()
+        else:
+            url = test_url
+            extra["TIMEOUTS_BROKER_FOLDER"] = str(tmp_path / "broker")
+    if url.startswith(("redis://", "rediss://")):
+        import redis
+
+        client = redis.Redis.from_url(url)
+        client.flushdb()
+        yield url, extra
+        client.flushdb()
+    else:
+        yield url, extra
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_demo_smoke(smoke_database, smoke_broker, tmp_path):
+    broker_url, extra = smoke_broker
+    env = {key: value for key, value in os.environ.items() if key not in ("DJANGO_SETTINGS_MODULE", "TIMEOUTS_TEST_DB")}
+    env.update(
+        DATABASE_URL=smoke_database, CELERY_BROKER_URL=broker_url, TIMEOUTS_PYTHON=sys.executable,
+        TIMEOUTS_DEMO_PORT=str(_free_port()), TIMEOUTS_DEMO_VAR=str(tmp_path / "demo"), **extra,
+    )
+    demo = subprocess.Popen(
+        [str(ROOT / "bin" / "demo"), "--smoke"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+    try:
+        output, _ = demo.communicate(timeout=100)
+    except subprocess.TimeoutExpired:
+        # bin/demo's trap stops the worker, beat and web server it started, by PID.
+        os.killpg(demo.pid, signal.SIGTERM)
+        try:
+            output, _ = demo.communicate(timeout=25)
+        except subprocess.TimeoutExpired:
+            os.killpg(demo.pid, signal.SIGKILL)
+            output, _ = demo.communicate()
+        pytest.fail(f"bin/demo --smoke did not finish in 100 s:\n{output}")
+    logs = "".join(
+        f"\n--- {path.name} (end) ---\n" + "".join(path.read_text(errors="replace").splitlines(True)[-30:])
+        for path in sorted((tmp_path / "demo").glob("*.log"))
+    )
+    assert demo.returncode == 0, f"bin/demo --smoke exited {demo.returncode}:\n{output}{logs}"
+    assert "Demo check passed" in output, output
+    assert output.count("FIRED") == 4 and "cancelled  order" in output, output
