@@ -9,7 +9,7 @@ worker's compare-and-set still refuses to start a task early by the database clo
 import logging
 
 from .claiming import release
-from .registry import _handlers
+from .registry import find_handler
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ def publish(claims) -> int:
     try:
         with run.app.producer_or_acquire() as producer:
             for claim in claims:
-                handler = _handlers.get(claim.biz_type)
+                handler = find_handler(claim.biz_type)  # unknown here: the default queue
                 options = {"producer": producer, "retry_policy": RETRY_POLICY}
                 if handler is not None and handler.queue:
                     options["queue"] = handler.queue

@@ -73,6 +73,11 @@ def get_handler(biz_type) -> Handler:
         ) from None
 
 
+def find_handler(biz_type) -> Handler | None:
+    """The handler of biz_type, or None if this process does not know it."""
+    return _handlers.get(biz_type)
+
+
 def registered() -> dict[str, Handler]:
     return dict(_handlers)
 
