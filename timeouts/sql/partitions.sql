@@ -1,1 +1,80 @@
--- Partition maintenance queries (see timeouts/partitions.py).
+-- Partition maintenance queries (see timeouts/partitions.py and timeouts/partition_ddl.py).
+-- Parameters use Django's %(name)s style. DDL naming a partition is composed in Python with
+-- psycopg.sql.Identifier, never here.
+
+
+-- name: list_partitions
+-- Every partition of timeouts_task with its bounds, read from the catalog. The bound expression is
+-- rendered in the session's TimeZone and DateStyle and cast back in the same session, so the round
+-- trip is exact whatever those settings are. MINVALUE / MAXVALUE bounds come back NULL.
+SELECT child.relname AS name,
+       bound.expr = 'DEFAULT' AS is_default,
+       (regexp_match(bound.expr, 'FROM \(''([^'']*)''\)'))[1]::timestamptz AS lower_bound,
+       (regexp_match(bound.expr, 'TO \(''([^'']*)''\)'))[1]::timestamptz AS upper_bound,
+       -- -1 until the table was first vacuumed or analyzed: unknown.
+       CASE WHEN child.reltuples >= 0 THEN child.reltuples::bigint END AS estimated_rows
+FROM pg_inherits AS i
+JOIN pg_class AS child ON child.oid = i.inhrelid
+CROSS JOIN LATERAL (SELECT pg_get_expr(child.relpartbound, child.oid) AS expr) AS bound
+WHERE i.inhparent = 'timeouts_task'::regclass
+ORDER BY lower_bound NULLS FIRST, child.relname;
+
+
+-- name: parent_columns
+-- The columns rows are moved with, in the parent's order (dropped columns left out).
+SELECT attname AS name
+FROM pg_attribute
+WHERE attrelid = 'timeouts_task'::regclass AND attnum > 0 AND NOT attisdropped
+ORDER BY attnum;
+
+
+-- name: default_past_buckets
+-- Buckets before the current one that hold rows parked in DEFAULT (tasks scheduled with an old
+-- action_time while no partition covered it). `unit` is hour, day, week (Monday) or month, in UTC.
+SELECT date_trunc(%(unit)s, action_time, 'UTC') AS start, count(*) AS rows
+FROM timeouts_task_default
+WHERE action_time < %(before)s
+GROUP BY 1
+ORDER BY 1;
+
+
+-- name: default_rows_between
+-- What creating a partition for [lower, upper) would move out of DEFAULT (for dry runs).
+SELECT count(*) AS rows
+FROM timeouts_task_default
+WHERE action_time >= %(lower)s AND action_time < %(upper)s;
+
+
+-- name: default_row_count
+SELECT count(*) AS rows FROM timeouts_task_default;
+
+
+-- name: detached_leftovers
+-- Tables this maintenance detached to drop but did not drop yet (the process died in between).
+-- They are recognised by the comment put on them in the detaching transaction, so a partition an
+-- operator detached by hand (to archive it, say) is never touched.
+SELECT c.relname AS name
+FROM pg_class AS c
+WHERE c.relkind = 'r' AND NOT c.relispartition
+  AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = 'timeouts_task'::regclass)
+  AND obj_description(c.oid, 'pg_class') = %(marker)s
+ORDER BY c.relname;
+
+
+-- name: try_maintenance_lock
+-- One maintenance at a time (beat, the command and migrate may overlap). Session-level, so it is
+-- held across the per-partition transactions; released by release_maintenance_lock.
+SELECT pg_try_advisory_lock(%(namespace)s, %(key)s) AS locked;
+
+
+-- name: release_maintenance_lock
+SELECT pg_advisory_unlock(%(namespace)s, %(key)s) AS released;
+
+
+-- name: current_lock_timeout
+SELECT current_setting('lock_timeout') AS value;
+
+
+-- name: set_local_lock_timeout
+-- Until the end of the transaction (or of the savepoint, if it is rolled back).
+SELECT set_config('lock_timeout', %(value)s, true) AS value;
