@@ -104,6 +104,8 @@ UPDATE timeouts_task AS t
 SET status = 1, dispatched_at = now(), modified_at = now(), lease_until = now() + t.ttr * interval '1 second'
 FROM due
 WHERE t.job_id = due.job_id AND t.action_time = due.action_time
+  -- Repeated for the UPDATE's own scan, so it too skips future partitions.
+  AND t.action_time <= now() + %(lead)s * interval '1 second'
 RETURNING t.job_id, t.action_time, t.run_at, t.biz_type, t.attempts, t.ttr, now() AS claimed_at;
 
 
