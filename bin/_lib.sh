@@ -57,6 +57,7 @@ ensure_venv() {
 # the (standard library only) helper and its pip installs pgserver if that is needed.
 setup_services() {
     local exports
+    unset TIMEOUTS_PGSERVER_STARTED
     exports=$("$4" "$SERVICES" env --db "$1" --redis-db "$2" --test-redis-db "$3" --python "$4") || exit 1
     eval "$exports"
     SERVICES_PYTHON=$4
@@ -68,4 +69,23 @@ stop_fallbacks() {
         "${SERVICES_PYTHON:-python3}" "$SERVICES" stop-pgserver || true
         unset TIMEOUTS_PGSERVER_STARTED
     fi
+}
+
+# check_broker_settings PYTHON SETTINGS_MODULE: kombu's filesystem transport (the fallback when no
+# Redis runs) only works when the settings give it one folder to write to and read from.
+check_broker_settings() {
+    DJANGO_SETTINGS_MODULE=$2 "$1" - <<'PY' || exit 1
+import sys
+from django.conf import settings
+
+url = settings.CELERY_BROKER_URL
+options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", None) or {}
+if url.startswith("filesystem://") and (
+    not options.get("data_folder_in") or options.get("data_folder_in") != options.get("data_folder_out")
+):
+    sys.exit(
+        f"error: the broker is {url} but {settings.SETTINGS_MODULE} does not set CELERY_BROKER_TRANSPORT_OPTIONS "
+        "data_folder_in = data_folder_out (folders from TIMEOUTS_BROKER_FOLDER); start Redis or set CELERY_BROKER_URL"
+    )
+PY
 }

@@ -5,7 +5,7 @@ so it runs before any virtualenv exists.
     _services.py env --db NAME --redis-db N --test-redis-db N [--python PY]
         Print `export VAR=value` lines for the shell to eval (messages go to stderr):
         DATABASE_URL, CELERY_BROKER_URL, TIMEOUTS_TEST_BROKER_URL, TIMEOUTS_BROKER_FOLDER,
-        TIMEOUTS_PGSERVER_STARTED (set when this call started the embedded PostgreSQL).
+        and TIMEOUTS_PGSERVER_STARTED=1 (not exported) when this call started the embedded PostgreSQL.
     _services.py probe-pg|probe-redis|probe-tcp HOST:PORT      exit 0 when it answers
     _services.py stop-pgserver                                  stop the embedded PostgreSQL
     _services.py createdb URL          (needs psycopg: run with the venv's python)
@@ -278,7 +278,10 @@ def cmd_env(args):
     choose_database(args.db, args.python, out)
     choose_broker(args.redis_db, args.test_redis_db, out)
     for key, value in out.items():
-        print(f"export {key}={shlex.quote(value)}")
+        # TIMEOUTS_PGSERVER_STARTED stays a variable of the calling shell: were it exported, a child
+        # bin/demo would believe it started the server too and stop it when it ends.
+        export = "" if key == "TIMEOUTS_PGSERVER_STARTED" else "export "
+        print(f"{export}{key}={shlex.quote(value)}")
 
 
 def cmd_createdb(args):
