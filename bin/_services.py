@@ -118,12 +118,9 @@ def _pg_user_kwargs():
 
 def _pg_run(args, **kwargs):
     # Never inherit our stdout: the shell captures it with $(...) and would wait for the server.
-    log = open(PGSERVER_DIR / "pgserver.log", "ab")
-    try:
-        return subprocess.run(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=PGSERVER_DIR,
+    with open(PGSERVER_DIR / "pgserver.log", "ab") as log:
+        return subprocess.run(args, check=False, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=PGSERVER_DIR,
                               env={**os.environ, "LC_ALL": "C", "LANG": "C"}, **_pg_user_kwargs(), **kwargs)
-    finally:
-        log.close()
 
 
 def _install_pgserver(python):
@@ -133,7 +130,7 @@ def _install_pgserver(python):
     PGSERVER_DIR.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(
         [python, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(PGSERVER_PKG), PGSERVER_REQUIREMENT],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        check=False, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     if result.returncode != 0 or not (PGSERVER_BIN / "pg_ctl").exists():
         say(result.stdout)

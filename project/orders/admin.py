@@ -10,7 +10,7 @@ from .models import Order
 class OrderAdmin(admin.ModelAdmin):
     list_display = ("id", "created", "paid", "status")
     list_filter = ("status", "paid")
-    actions = ["mark_paid"]
+    actions = ("mark_paid",)
 
     @admin.action(description="Mark as paid (cancels the order's timeout)")
     def mark_paid(self, request, queryset):

@@ -14,7 +14,7 @@ class Order(models.Model):
     status = models.CharField(max_length=8, choices=Status.choices, default=Status.OPEN)
 
     class Meta:
-        ordering = ["-id"]
+        ordering = ("-id",)
 
     def __str__(self):
         return f"order #{self.pk} ({self.status})"

@@ -20,7 +20,7 @@ class Migration(migrations.Migration):
                 ('status', models.CharField(choices=[('open', 'open'), ('paid', 'paid'), ('closed', 'closed')], default='open', max_length=8)),
             ],
             options={
-                'ordering': ['-id'],
+                'ordering': ('-id',),
             },
         ),
     ]
