@@ -1,0 +1,235 @@
+"""The low-latency dispatcher: sleep until the nearest deadline, or until a NOTIFY announces an
+earlier one, then claim and publish what is due.
+
+It knows only one number, the nearest pending deadline. It reads it from the table (one indexed
+query) after every (re)connect and at least every NOTIFY_HORIZON / 2, and lowers it when a
+notification brings an earlier deadline. Between those it sleeps on its LISTEN socket, so tasks far
+in the future cost nothing. Claiming and publishing are the scan's own code (`claim_due`,
+`publish`), on Django's connection: SKIP LOCKED lets any number of dispatchers (and scans) run at
+once without a task being published twice.
+
+Times: deadlines are on the database clock; the dispatcher maps them onto its local monotonic clock
+through the offset measured at every read, and only ever sleeps on the local clock. Waking a little
+early or late is harmless: `claim_due` decides what is due by the database clock, and the worker's
+compare-and-set refuses to start a task before its run_at.
+"""
+
+import logging
+import threading
+import time
+
+import psycopg
+from django.db import Error as DjangoDatabaseError
+from django.db import close_old_connections, connection
+
+from .bounded_publishing import PublishFailed, publish_bounded, warm_up_broker
+from .claiming import claim_due
+from .conf import get_settings
+from .listener import Backoff, Listener, connection_params
+
+logger = logging.getLogger("timeouts.dispatcher")
+
+KEEPALIVE_INTERVAL = 10.0  # seconds between nearest-deadline reads when nothing happens
+QUERY_TIMEOUT = 5.0  # seconds a read on the LISTEN connection may take before it counts as dead
+PUBLISH_TIMEOUT = 10.0  # seconds one chunk of messages may take to reach the broker
+STOP_CHECK = 0.5  # seconds: the longest sleep between two looks at the stop event
+# Seconds to wake after (deadline - lead): waking a hair early claims nothing and costs a second
+# claim, and mapping the database clock onto the local one is good to a fraction of a millisecond.
+WAKE_MARGIN = 0.001
+
+DATABASE_ERRORS = (psycopg.Error, DjangoDatabaseError)
+
+
+class Stats:
+    """Counters for operators and tests; `wait_for` lets a test wait for a count, not sleep."""
+
+    FIELDS = ("connects", "reconnects", "reads", "notifications", "wakeups", "claimed", "published",
+              "queries", "errors", "publish_failures")
+
+    def __init__(self):
+        self._changed = threading.Condition()
+        for name in self.FIELDS:
+            setattr(self, name, 0)
+
+    def add(self, **counts):
+        with self._changed:
+            for name, count in counts.items():
+                setattr(self, name, getattr(self, name) + count)
+            self._changed.notify_all()
+
+    def wait_for(self, predicate, timeout) -> bool:
+        with self._changed:
+            return self._changed.wait_for(lambda: predicate(self), timeout)
+
+    def snapshot(self) -> dict:
+        with self._changed:
+            return {name: getattr(self, name) for name in self.FIELDS}
+
+
+class Dispatcher:
+    def __init__(self, *, lead=None, batch_size=None, listener=None, stop=None, clock=time.monotonic,
+                 keepalive_interval=KEEPALIVE_INTERVAL, publish_timeout=PUBLISH_TIMEOUT, stats=None):
+        settings = get_settings()
+        self.lead = float(settings.DISPATCH_LEAD if lead is None else lead)
+        self.batch_size = settings.SCAN_BATCH_SIZE if batch_size is None else batch_size
+        # Tasks due beyond the horizon send no NOTIFY: reading every horizon / 2 finds them in time.
+        # Never more often than once a second (the idle budget), whatever the horizon.
+        self.read_interval = max(1.0, min(keepalive_interval, settings.NOTIFY_HORIZON / 2))
+        self.publish_timeout = publish_timeout
+        self.listener = listener or Listener(settings.NOTIFY_CHANNEL, connection_params(query_timeout=QUERY_TIMEOUT),
+                                             query_timeout=QUERY_TIMEOUT)
+        self.stop = stop or threading.Event()
+        self.clock = clock
+        self.stats = stats or Stats()
+
+        self.wake_at = None  # local clock: nearest deadline minus lead; None when nothing is pending
+        self.db_offset = 0.0  # database epoch seconds minus local clock, measured at each read
+        self.next_read = 0.0
+        self.not_before = 0.0  # no claims before this (backing off a busy row or a failing broker)
+        self.empty_claims = 0  # wake-ups in a row that found a due task but claimed nothing
+        self.reconnect_backoff = Backoff(first=0.05, cap=5.0)
+        self.contention_backoff = Backoff(first=0.01, cap=1.0)
+        self.broker_backoff = Backoff(first=0.5, cap=10.0)
+
+    def run(self):
+        """Dispatch until `stop` is set. Survives database and broker faults."""
+        logger.info("timeouts.dispatcher: started (lead %s s, batch %s)", self.lead, self.batch_size)
+        warm_up_broker()
+        try:
+            while self._connect():
+                try:
+                    self._serve()
+                except DATABASE_ERRORS as exc:
+                    logger.warning("timeouts.dispatcher: database connection lost (%s)", exc)
+                    self._after_fault()
+                except Exception:
+                    logger.exception("timeouts.dispatcher: unexpected error; starting over")
+                    self._after_fault()
+        finally:
+            self._disconnect()
+            logger.info("timeouts.dispatcher: stopped")
+
+    # -- connection ----------------------------------------------------------------------------
+
+    def _connect(self) -> bool:
+        """Connect and LISTEN, retrying with backoff. False when told to stop first."""
+        while not self.stop.is_set():
+            try:
+                self.listener.connect()
+            except psycopg.Error as exc:
+                delay = self.reconnect_backoff.next_delay()
+                logger.warning("timeouts.dispatcher: cannot connect (%s); retrying in %.2f s", exc, delay)
+                self.stop.wait(delay)
+                continue
+            again = self.stats.connects > 0
+            self.stats.add(connects=1, reconnects=int(again), queries=1)
+            if again:
+                logger.warning("timeouts.dispatcher: reconnected (backend %s)", self.listener.backend_pid)
+            return True
+        return False
+
+    def _after_fault(self):
+        self.stats.add(errors=1)
+        self._disconnect()
+        # Also after a connect that worked: a fault right after connecting must not loop hot.
+        self.stop.wait(self.reconnect_backoff.next_delay())
+
+    def _disconnect(self):
+        self.listener.close()
+        try:
+            connection.close()  # Django's, for this thread: it may have died with the database
+        except DjangoDatabaseError:
+            pass
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _serve(self):
+        # Notifications sent while we were not listening are lost: the table is the truth.
+        self._read_deadline()
+        while not self.stop.is_set():
+            now = self.clock()
+            if now >= self.next_read:
+                self._read_deadline()  # the keepalive, and how tasks beyond the horizon are found
+            elif self._due(now):
+                self._dispatch()
+                self._take(self.listener.wait(0))  # drain what arrived meanwhile (no query)
+            else:
+                self._sleep(now)
+
+    def _due(self, now) -> bool:
+        return self.wake_at is not None and now >= max(self.wake_at, self.not_before)
+
+    def _sleep(self, now):
+        until = min(self.next_read, now + STOP_CHECK)
+        if self.wake_at is not None:
+            until = min(until, max(self.wake_at, self.not_before))
+        self._take(self.listener.wait(until - now))
+        self.reconnect_backoff.reset()  # slept on a healthy connection
+
+    def _take(self, payloads):
+        """Lower the wake-up time to the earliest notified deadline."""
+        for payload in payloads:
+            self.stats.add(notifications=1)
+            try:
+                deadline = float(payload)
+            except ValueError:
+                logger.warning("timeouts.dispatcher: unexpected notification %r; re-reading", payload)
+                self.next_read = 0.0
+                continue
+            local = self._local(deadline)
+            if self.wake_at is None or local < self.wake_at:
+                self.wake_at = local
+
+    def _read_deadline(self):
+        row = self.listener.query("nearest_deadline")
+        # The database read its clock at the end of the query (after parsing and planning, which
+        # can take a while on a new connection): closer to our clock now than at sending.
+        after = self.clock()
+        self.stats.add(reads=1, queries=1)
+        self.db_offset = row["now"] - after
+        self.wake_at = None if row["deadline"] is None else self._local(row["deadline"])
+        self.next_read = after + self.read_interval
+
+    def _local(self, deadline: float) -> float:
+        """When to wake, on the local clock, for a deadline in database epoch seconds."""
+        return deadline - self.db_offset - self.lead + WAKE_MARGIN
+
+    # -- claiming and publishing -----------------------------------------------------------------
+
+    def _dispatch(self):
+        """Claim and publish batch after batch while they come back full."""
+        self.stats.add(wakeups=1)
+        close_old_connections()  # Django's connection: replaced if it broke or aged out
+        started = self.clock()
+        claimed = published = 0
+        while True:
+            claims = claim_due(self.batch_size, lead=self.lead)
+            self.stats.add(queries=1, claimed=len(claims))
+            claimed += len(claims)
+            try:
+                published += publish_bounded(claims, self.publish_timeout)
+            except PublishFailed as exc:
+                delay = self.broker_backoff.next_delay()
+                self.not_before = self.clock() + delay
+                self.stats.add(errors=1, publish_failures=1, published=published)
+                logger.error("timeouts.dispatcher: %s; claims released, pausing %.1f s", exc, delay)
+                return
+            if len(claims) < self.batch_size or self.stop.is_set():
+                break
+        self.broker_backoff.reset()
+        self.stats.add(published=published)
+        deadline = self.wake_at + self.lead - WAKE_MARGIN
+        logger.debug("timeouts.dispatcher: woke at the deadline %+.1f ms; claimed %d, published %d in %.1f ms",
+                     (started - deadline) * 1000, claimed, published, (self.clock() - started) * 1000)
+        self._read_deadline()
+        if claimed == 0 and self.wake_at is not None and self.wake_at <= self.clock():
+            # Due but nothing claimed. Once, that is the clocks' rounding at the edge of the lead:
+            # claim again at once. Again and again, another claimer or a cancel holds the row: let
+            # it finish instead of spinning on it.
+            self.empty_claims += 1
+            if self.empty_claims > 1:
+                self.not_before = self.clock() + self.contention_backoff.next_delay()
+        else:
+            self.empty_claims = 0
+            self.contention_backoff.reset()
+        self.reconnect_backoff.reset()
