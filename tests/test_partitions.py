@@ -383,7 +383,7 @@ class Claimer(threading.Thread):
                 conn.execute("SET statement_timeout = '10s'")
                 while not self.stop.is_set():
                     started = time.monotonic()
-                    conn.execute(QUERIES["claim_due"], {"limit": 500, "lead": 0}).fetchall()
+                    conn.execute(QUERIES["claim_due"], {"limit": 500, "lead": 0, "max_dispatched": 10_000}).fetchall()
                     self.durations.append(time.monotonic() - started)
                     time.sleep(0.02)
         except Exception as exc:  # reported by the test
@@ -401,7 +401,7 @@ def test_maintenance_gives_way_to_an_open_claim(default_row_locked):
         set_status(parked, CANCELLED)  # the open claim will not lock it
     claimer = Claimer()
     with other_connection(autocommit=False) as holder, settings(PARTITIONS_AHEAD=16):
-        claimed = holder.execute(QUERIES["claim_due"], {"limit": 500, "lead": 0}).fetchall()
+        claimed = holder.execute(QUERIES["claim_due"], {"limit": 500, "lead": 0, "max_dispatched": 10_000}).fetchall()
         assert {row[0] for row in claimed} == {today_task.job_id} | ({parked.job_id} if default_row_locked else set())
         claimer.start()
         try:
@@ -442,7 +442,7 @@ def test_claim_query_prunes_future_partitions_and_uses_the_due_index():
     TimeoutTask.objects.bulk_schedule(items * 20)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE timeouts_task")
-        cursor.execute("EXPLAIN " + QUERIES["claim_due"], {"limit": 500, "lead": 0})
+        cursor.execute("EXPLAIN " + QUERIES["claim_due"], {"limit": 500, "lead": 0, "max_dispatched": 10_000})
         plan = [row[0] for row in cursor.fetchall()]
         cursor.execute("SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
                        "WHERE i.inhparent = 'timeouts_task_due'::regclass")

@@ -250,3 +250,13 @@ def test_two_claimers_never_share_a_task():
         thread.join(30)
     everything = claimed[0] + claimed[1]
     assert len(everything) == len(set(everything)) == 2000
+
+
+def test_claims_stop_at_max_dispatched_until_tasks_start(settings, starts):
+    settings.TIMEOUTS = {"MAX_DISPATCHED": 30}
+    TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": i, "delay": -1} for i in range(100)])
+    first = claim_due(20) + claim_due(20) + claim_due(20)
+    assert len(first) == 30 and claim_due(20) == []
+    for claim in first[:5]:
+        assert run_message(claim) == "done"
+    assert len(claim_due(20)) == 5

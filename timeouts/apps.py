@@ -12,3 +12,4 @@ class TimeoutsConfig(AppConfig):
         # scanner and dispatcher (routing to queues) and workers (running them).
         autodiscover_modules("timeouts_handlers")
         from . import tasks  # noqa: F401  registers the Celery tasks with the host's app
+        from . import worker_dispatcher  # noqa: F401  the dispatcher thread, when DISPATCHER_IN_WORKER is on

@@ -10,7 +10,7 @@ from datetime import datetime
 
 from django.db import connection
 
-from .conf import notify_params
+from .conf import get_settings, notify_params
 from .queries import execute, fetch_dicts
 from .retry import retry_on_conflict
 
@@ -40,7 +40,8 @@ def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
     """Claim up to `limit` PENDING tasks due within `lead` seconds, by the database clock."""
     if connection.in_atomic_block:
         raise RuntimeError("claim_due() must commit before publishing: call it outside transaction.atomic()")
-    rows = retry_on_conflict(lambda: fetch_dicts("claim_due", {"limit": limit, "lead": float(lead)}))
+    params = {"limit": limit, "lead": float(lead), "max_dispatched": get_settings().MAX_DISPATCHED}
+    rows = retry_on_conflict(lambda: fetch_dicts("claim_due", params))
     return sorted(
         (
             Claim(

@@ -28,6 +28,9 @@ class Settings:
     # Run the low-latency dispatcher as a thread inside each Celery worker process, so a small
     # deployment needs no extra process.
     DISPATCHER_IN_WORKER: bool = False
+    # Backpressure: at most this many tasks claimed but not yet started. Claiming more than the
+    # workers start within a TTR would only expire their leases and publish them again.
+    MAX_DISPATCHED: int = 10_000
 
     def __post_init__(self):
         problems = list(_problems(self))
@@ -56,6 +59,7 @@ def _problems(s):
     yield from number("NOTIFY_HORIZON", 0)
     yield from number("DISPATCH_LEAD", 0)
     yield from number("MAX_ATTRIBUTE_BYTES", 2, integer=True)
+    yield from number("MAX_DISPATCHED", 1, integer=True)
     if not isinstance(s.DISPATCHER_IN_WORKER, bool):
         yield f"DISPATCHER_IN_WORKER must be True or False, got {s.DISPATCHER_IN_WORKER!r}"
     channel = s.NOTIFY_CHANNEL

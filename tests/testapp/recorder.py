@@ -20,7 +20,7 @@ _conn = None
 
 def _connection():
     global _conn
-    if _conn is None or _conn.closed:
+    if _conn is None or _conn.closed or _conn.broken:
         params = connection.get_connection_params()
         params.pop("cursor_factory", None)
         params.pop("context", None)

@@ -89,7 +89,19 @@ RETURNING timeouts_task.*, timeouts_notify_v1(%(channel)s, c.now, c.now) AS noti
 -- The one claim used by the scan and by the dispatcher: due tasks (or due within `lead` seconds),
 -- oldest first, skipping rows another claimer or a cancel holds. A claim takes a lease of the
 -- task's TTR; attempts is counted when the handler starts, not here.
-WITH due AS (
+-- Backpressure: it claims no more than leaves max_dispatched tasks claimed but not started (two
+-- claimers at once may overshoot by a batch), so a backlog waits here, not in the broker, where its
+-- leases would expire and be published again.
+WITH dispatched AS (
+    SELECT count(*) AS n
+    FROM (
+        SELECT 1 FROM timeouts_task
+        -- A claimed task was due when claimed: no future partition can hold one.
+        WHERE status = 1 AND action_time <= now() + %(lead)s * interval '1 second'
+        LIMIT %(max_dispatched)s
+    ) AS capped
+),
+due AS (
     SELECT job_id, action_time
     FROM timeouts_task
     WHERE status = 0
@@ -97,7 +109,7 @@ WITH due AS (
       -- Implied by run_at >= action_time; spelled out so future partitions are pruned.
       AND action_time <= now() + %(lead)s * interval '1 second'
     ORDER BY run_at
-    LIMIT %(limit)s
+    LIMIT greatest(0, least(%(limit)s, %(max_dispatched)s - (SELECT n FROM dispatched)))
     FOR UPDATE SKIP LOCKED
 )
 UPDATE timeouts_task AS t
