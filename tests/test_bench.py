@@ -1,0 +1,67 @@
+"""Smoke test of `manage.py timeouts_bench`: a tiny run end to end, as a user runs it (a child
+process), on a database and a Redis database of its own. It checks the shape of the JSON and that
+no task went missing, ran twice or ran early; the numbers themselves are for BENCHMARKS.md."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from django.conf import settings
+from django.core.management import get_commands
+
+from tests.processes import ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+LATENESS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "early", "start_per_s")
+
+
+def run_bench(tmp_path, *args):
+    db = settings.DATABASES["default"]
+    test_db = db.get("TEST", {}).get("NAME") or f"test_{db['NAME']}"
+    url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{test_db}"
+    env = {k: v for k, v in os.environ.items() if k not in ("CELERY_BROKER_URL", "PYTHONPATH")}
+    # project.settings, whose own broker (CELERY_BROKER_URL, unset here) the bench must not use.
+    env.update(DJANGO_SETTINGS_MODULE="project.settings", DATABASE_URL=url, PYTHONPATH=str(ROOT))
+    out = tmp_path / "bench.json"
+    command = [sys.executable, "-m", "django", "timeouts_bench", "--database", f"{test_db}_run",
+               "--broker-url", settings.CELERY_BROKER_URL, "--json", str(out), *args]
+    done = subprocess.run(command, check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=220)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text()), done.stdout
+
+
+def test_tiny_run_writes_json_with_every_field_and_loses_nothing(tmp_path):
+    dispatcher = "timeouts_dispatcher" in get_commands()
+    paths = ["scan", "celery"] + (["dispatcher"] if dispatcher else [])
+    result, stdout = run_bench(
+        tmp_path, "--scenarios", "spread,drain,schedule,idle", "--paths", ",".join(paths), "--repeat", "1",
+        "--n", "50", "--window", "1", "--lead", "2", "--scan-interval", "1",
+        "--idle-settle", "1", "--idle-seconds", "2")
+
+    assert not [note for note in result["notes"] if "failed" in note], result["notes"]
+    for key in ("nproc", "ram_gb", "loadavg_start", "postgresql", "redis", "python", "celery", "psycopg"):
+        assert result["machine"][key] is not None, key
+    runs = {(r["scenario"], r["path"]): r for r in result["runs"]}
+    for scenario in ("spread", "drain"):
+        for path in paths:
+            run = runs[(scenario, path)]
+            assert "error" not in run, run
+            assert run["n"] == 50 and run["started"] == 50, run
+            assert run["missing"] == run["duplicates"] == run["early"] == 0, run
+            assert all(run[key] is not None for key in LATENESS), run
+            assert result["summary"][scenario][path]["p99_ms"]["median"] == run["p99_ms"]
+    assert runs[("drain", "scan")]["claim_per_s"] is None  # 50 tasks are one claim: no rate
+    for variant in ("raw_insert", "single", "single_notify", "raw_copy", "bulk", "bulk_notify"):
+        assert runs[("schedule", variant)]["sched_per_s"] > 0
+    assert runs[("schedule", "single_notify")]["notifications"] >= 1
+    assert runs[("schedule", "single")]["notifications"] == 0
+    for path in ["scan"] + (["dispatcher"] if dispatcher else []):
+        assert runs[("idle", path)]["idle_qps"] is not None
+        assert runs[("idle", path)]["idle_cpu_pct"] is not None
+    assert {t["scenario"] for t in result["targets"]} == {"spread", "drain", "schedule", "idle"}
+    assert "Lateness" in stdout and "Targets" in stdout
+    if dispatcher:
+        assert result["ratios"]["spread"]["scan/dispatcher"]["p50_ms"]["median"] > 0

@@ -1,0 +1,15 @@
+"""The benchmark behind `manage.py timeouts_bench`: one moving part per module.
+
+    config     options and defaults            runner     the whole run: setup, repeats, teardown
+    database   the bench's own database        processes  worker, dispatcher, scan loop (by PID)
+    handlers   the no-op handler + Celery task  scan_loop  the beat-equivalent safety scan process
+    workload   scheduling / publishing tasks   scenarios  spread, burst, drain on one path
+    throughput schedule() vs raw INSERT/COPY   idle       queries/s and CPU of an idle process
+    stats      lateness, missing, duplicates   report     medians, tables, JSON
+    targets    ratios and the issue's targets
+    machine    what the numbers were measured on           peers      the shared peer harness
+    progress   progress display on stderr
+
+Nothing here is imported by the runtime: the handlers exist only in processes that import
+`timeouts.bench.handlers` (the bench itself, and its worker via `--include`).
+"""

@@ -1,0 +1,80 @@
+"""What the benchmark runs: a no-op timeouts handler and the same body as a plain Celery task.
+
+Every start is written to the UNLOGGED table `timeouts_bench_start` through an autocommit psycopg
+connection of the worker process's own (not Django's), so each start leaves one row whatever the
+handler's transaction does, and a task started twice leaves two.
+
+Only processes that import this module know these handlers: the bench itself (to schedule) and the
+bench's Celery worker (`--include timeouts.bench.handlers`). The runtime never imports it.
+"""
+
+import time
+
+import psycopg
+from celery import shared_task
+from django.db import connection
+
+import timeouts
+
+NOOP = "timeouts.bench.noop"  # biz_type of the measured tasks
+PROBE = "timeouts.bench.probe"  # biz_type of the warm-up tasks sent through a path before measuring
+DIRECT_TASK = "timeouts.bench.direct"  # the Celery-direct baseline: the same body, no timeouts
+WARM_TASK = "timeouts.bench.warm"  # opens a worker process's connections before measuring
+
+START_TABLE_SQL = """
+CREATE UNLOGGED TABLE IF NOT EXISTS timeouts_bench_start (
+    job_id      bigint      NOT NULL,  -- timeouts: the task's job_id; Celery direct: the message's key
+    attempt     integer     NOT NULL,
+    action_time timestamptz NOT NULL,
+    started_at  timestamptz NOT NULL,  -- timeouts: the worker's compare-and-set time (database clock)
+    recorded_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    pid         integer     NOT NULL DEFAULT pg_backend_pid()
+)
+"""
+
+_INSERT = (
+    "INSERT INTO timeouts_bench_start (job_id, attempt, action_time, started_at) "
+    "VALUES (%s, %s, %s::timestamptz, coalesce(%s::timestamptz, clock_timestamp()))"
+)
+
+_conn = None
+
+
+def _connection():
+    global _conn
+    if _conn is None or _conn.closed:
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        _conn = psycopg.connect(**params, autocommit=True)
+    return _conn
+
+
+def record(job_id, attempt, action_time, started_at=None):
+    """One row per start; started_at None means "now" by the database clock."""
+    _connection().execute(_INSERT, (job_id, attempt, action_time, started_at))
+
+
+@timeouts.handler(NOOP)
+def noop(task):
+    record(task.job_id, task.attempts, task.action_time, task.started_at)
+
+
+@timeouts.handler(PROBE)
+def probe(task):
+    _connection()
+
+
+@shared_task(name=DIRECT_TASK, ignore_result=True)
+def direct(key, action_time):
+    """The baseline: the same recording, started by Celery itself (apply_async, with or without eta)."""
+    record(key, 1, action_time)
+
+
+@shared_task(name=WARM_TASK, ignore_result=True)
+def warm(key, sleep=0.05):
+    """Open both connections a handler uses in this worker process, then record a negative key."""
+    connection.ensure_connection()
+    time.sleep(sleep)  # keeps this process busy so the next warm message goes to another one
+    record(key, 1, "epoch")
+

@@ -1,0 +1,79 @@
+"""What the numbers were measured on: hardware, load, and the versions of everything involved."""
+
+import os
+import platform
+import socket
+import sys
+import time
+from importlib import metadata
+
+
+def _version(dist):
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _ram_gb():
+    try:
+        import psutil
+
+        return round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+
+
+def _redis(url):
+    try:
+        import redis
+
+        client = redis.Redis.from_url(url)
+        try:
+            return client.info("server").get("redis_version")
+        finally:
+            client.close()
+    except Exception as exc:  # noqa: BLE001 -- only a description: never fail the run for it
+        return f"unknown ({exc.__class__.__name__})"
+
+
+def describe(conn, broker_url) -> dict:
+    """conn: a psycopg connection to the bench database."""
+    import psycopg
+
+    pg = {name: conn.execute(f"SHOW {name}").fetchone()[0]
+          for name in ("server_version", "fsync", "synchronous_commit", "shared_buffers", "max_connections")}
+    return {
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "hostname": socket.gethostname(),
+        "nproc": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "ram_gb": _ram_gb(),
+        "kernel": platform.release(),
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+        "postgresql": pg,
+        "redis": _redis(broker_url),
+        "python": sys.version.split()[0],
+        "django": _version("Django"),
+        "celery": _version("celery"),
+        "kombu": _version("kombu"),
+        "psycopg": psycopg.__version__,
+        "libpq": psycopg.pq.version(),
+        "redis_py": _version("redis"),
+    }
+
+
+def loadavg():
+    return [round(x, 2) for x in os.getloadavg()]

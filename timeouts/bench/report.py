@@ -1,0 +1,139 @@
+"""The results: medians [min-max] per scenario and path, printed as tables and written as JSON."""
+
+import json
+from pathlib import Path
+
+from .config import PATH_LABELS
+from .peers import peer_scenario
+from .stats import summarize
+
+TIMED_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "early",
+                 "sched_per_s", "sched_overrun", "claim_per_s", "start_per_s", "drain_total_s")
+IDLE_METRICS = ("idle_qps", "idle_round_trips_per_s", "idle_xacts_per_s", "idle_cpu_pct", "rss_mb")
+SCHEDULE_METRICS = ("sched_per_s", "notifications")
+PEER_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "schedule_per_s", "drain_per_s",
+                "idle_qps", "idle_cpu_pct")
+SCHEDULE_LABELS = {"raw_insert": "raw single-row INSERT", "single": "schedule(), due in 1 h (no NOTIFY)",
+                   "single_notify": "schedule(), due in seconds (NOTIFY)", "raw_copy": "raw COPY",
+                   "bulk": "bulk_schedule(), due in 1 h (no NOTIFY)", "bulk_notify": "bulk_schedule(), due in seconds"}
+
+
+def aggregate(runs) -> dict:
+    """{scenario: {path: {metric: {median, min, max, runs}}}}"""
+    groups = {}
+    for r in runs:
+        if "error" not in r:
+            groups.setdefault(r["scenario"], {}).setdefault(r["path"], []).append(r)
+    out = {}
+    for scenario, paths in groups.items():
+        metrics = IDLE_METRICS if scenario == "idle" else SCHEDULE_METRICS if scenario == "schedule" else TIMED_METRICS
+        for path, rs in paths.items():
+            cells = {m: summarize([r.get(m) for r in rs]) for m in metrics}
+            out.setdefault(scenario, {})[path] = {m: s for m, s in cells.items() if s is not None}
+    return out
+
+
+def aggregate_peers(peer_runs) -> dict:
+    groups = {}
+    for p in peer_runs:
+        if "system" in p:
+            groups.setdefault(peer_scenario(p), {}).setdefault(p["system"], []).append(p)
+    return {sc: {system: {m: s for m in PEER_METRICS if (s := summarize([r.get(m) for r in rs]))}
+                 for system, rs in systems.items()} for sc, systems in groups.items()}
+
+
+def fmt(value):
+    if value is None:
+        return "-"
+    if isinstance(value, int) or value.is_integer():
+        return f"{value:,.0f}"
+    if abs(value) < 0.1:
+        return f"{value:.2g}"
+    if abs(value) < 10:
+        return f"{value:.2f}"
+    if abs(value) < 100:
+        return f"{value:.1f}"
+    return f"{value:,.0f}"
+
+
+def cell(summary, metric):
+    s = summary.get(metric)
+    if s is None:
+        return "-"
+    if s["runs"] == 1 or s["min"] == s["max"]:
+        return fmt(s["median"])
+    return f"{fmt(s['median'])} [{fmt(s['min'])}-{fmt(s['max'])}]"
+
+
+def sections(result) -> list[tuple[str, list, list]]:
+    """(title, headers, rows) of every table, for the text and the markdown renderings."""
+    s, cfg, out = result["summary"], result["config"], []
+    timed = [(sc, p) for sc in ("spread", "burst", "drain") for p in ("scan", "dispatcher", "celery") if p in s.get(sc, {})]
+    if timed:
+        out.append(("Lateness (started_at - action_time, database clock, ms) and throughput (tasks/s)",
+                    ["scenario", "path", "p50", "p90", "p99", "max", "missing", "dup", "early", "sched/s",
+                     "sched late", "claim+publish/s", "start/s", "drain s"],
+                    [[sc, PATH_LABELS[p], *[cell(s[sc][p], m) for m in TIMED_METRICS]] for sc, p in timed]))
+    if "schedule" in s:
+        out.append(("Schedule throughput (tasks/s)", ["variant", "tasks/s", "NOTIFYs seen"],
+                    [[SCHEDULE_LABELS.get(v, v), cell(s["schedule"][v], "sched_per_s"),
+                      cell(s["schedule"][v], "notifications")] for v in SCHEDULE_LABELS if v in s["schedule"]]))
+    if "idle" in s:
+        out.append((f"Idle cost ({cfg['n_idle']:,} tasks due in 1 h, {cfg['idle_seconds']:.0f} s window)",
+                    ["path", "queries/s", "round trips/s", "xacts/s", "CPU %", "RSS MB"],
+                    [[PATH_LABELS[p], *[cell(s["idle"][p], m) for m in IDLE_METRICS]] for p in s["idle"]]))
+    if result.get("peers_summary"):
+        out.append(("Peers (the shared harness, run between the bench's own runs)",
+                    ["scenario", "system", "p50 ms", "p90 ms", "p99 ms", "max ms", "missing", "dup", "sched/s",
+                     "drain/s", "idle q/s", "idle CPU %"],
+                    [[sc, system, *[cell(m, k) for k in PEER_METRICS]]
+                     for sc, systems in result["peers_summary"].items() for system, m in systems.items()]))
+    if result["ratios"]:
+        out.append(("Ratios a/b, taken per repeat", ["scenario", "a/b", "metric", "ratio"],
+                    [[sc, pair, metric, cell({"x": v}, "x")] for sc, pairs in result["ratios"].items()
+                     for pair, metrics in pairs.items() for metric, v in metrics.items()]))
+    out.append(("Targets", ["result", "target", "measured"],
+                [[{True: "PASS", False: "FAIL", None: "n/a"}[t["ok"]], t["target"], fmt(t["measured"])]
+                 for t in result["targets"]]))
+    return out
+
+
+def _header(result) -> list[str]:
+    m, cfg = result["machine"], result["config"]
+    return [f"timeouts_bench {result['started_at']}: {cfg['repeat']} repeat(s); cells are median [min-max]",
+            (f"machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['ram_gb']} GB RAM, load average "
+             f"{m['loadavg_start']} at start, {result.get('loadavg_end')} at end; PostgreSQL "
+             f"{m['postgresql']['server_version']}, Redis {m['redis']}, Python {m['python']}, Celery {m['celery']}, "
+             f"psycopg {m['psycopg']}")]
+
+
+def _text_table(headers, rows) -> list[str]:
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+
+    def line(cols):
+        return "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cols, widths)))
+
+    return [line(headers), line(["-" * w for w in widths]), *[line(r) for r in rows]]
+
+
+def render(result) -> str:
+    out = [*_header(result), ""]
+    for title, headers, rows in sections(result):
+        out += [title, *_text_table(headers, rows), ""]
+    out += [f"note: {note}" for note in result.get("notes", [])]
+    return "\n".join(out)
+
+
+def render_markdown(result) -> str:
+    out = [f"Command: `{result['command']}`", "", *[f"{line}  " for line in _header(result)], ""]
+    for title, headers, rows in sections(result):
+        out += [f"#### {title}", "", "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+        out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+        out.append("")
+    out += [f"- note: {note}" for note in result.get("notes", [])]
+    return "\n".join(out) + "\n"
+
+
+def write_json(result, path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, default=str) + "\n")

@@ -1,0 +1,100 @@
+"""One run of spread, burst or drain on one path, from an empty table to its numbers.
+
+Paths: `scan` (the beat-equivalent scan loop alone), `dispatcher` (the dispatcher command alone),
+`celery` (the same no-op body published straight to Celery: eta= for spread/burst, due for drain).
+Every run starts a fresh worker, warms it, and stops all its processes in `finally`.
+"""
+
+import time
+from datetime import timedelta
+
+from . import stats
+from .database import reset
+from .processes import Processes, flush_broker
+from .workload import (
+    db_now,
+    due_times,
+    probe_path,
+    publish_direct,
+    schedule_bulk,
+    schedule_single,
+    wait_for_starts,
+    warm_worker,
+)
+
+
+def run(ctx, scenario, path, rep) -> dict:
+    cfg = ctx.cfg
+    reset(ctx.conn)
+    flush_broker(cfg.broker_url)
+    procs = Processes(env=ctx.env, cwd=ctx.cwd, log_dir=ctx.log_dir, label=f"{scenario}/{path}/rep{rep + 1}")
+    try:
+        procs.worker(app=cfg.celery_app, concurrency=cfg.concurrency)
+        warm_worker(ctx.app, ctx.conn, count=2 * cfg.concurrency, check=procs.check)
+        if scenario == "drain":
+            out = _drain(ctx, procs, path)
+        else:
+            out = _timed(ctx, procs, scenario, path, rep)
+    finally:
+        procs.stop_all()
+    out.pop("first_start", None)
+    out.pop("last_start", None)
+    return out
+
+
+def _start_path(ctx, procs, path):
+    if path == "dispatcher":
+        return procs.dispatcher(ctx.cfg.dispatcher_args)
+    return procs.scan_loop(interval=ctx.cfg.scan_interval)
+
+
+def _timed(ctx, procs, scenario, path, rep) -> dict:
+    """spread / burst: the path is up and warm before the first task is scheduled."""
+    cfg = ctx.cfg
+    n = cfg.n_spread if scenario == "spread" else cfg.n_burst
+    if path != "celery":
+        _start_path(ctx, procs, path)
+        probe_path(ctx.alias, ctx.conn, count=2, check=procs.check, timeout=cfg.scan_interval + 60)
+    base = db_now(ctx.conn) + timedelta(seconds=cfg.lead)
+    times = due_times(scenario, n, base=base, window=cfg.window, seed=cfg.seed + rep)
+    if path == "celery":
+        out = publish_direct(ctx.app, times, eta=True, label=f"{scenario}: apply_async(eta=)")
+    else:
+        out = schedule_single(ctx.alias, times, label=f"{scenario}: schedule()")
+    slack = cfg.scan_interval if path == "scan" else 0.0
+    wait = max(times).timestamp() - time.time() + slack + cfg.wait_tail + n / 100.0
+    wait_for_starts(ctx.conn, n, deadline=time.monotonic() + wait, check=procs.check,
+                    label=f"{scenario} {path}: started")
+    if path == "celery":
+        out.update(stats.analyze(dict(enumerate(times)), stats.direct_starts(ctx.conn)))
+    else:
+        out.update(stats.timeouts_run(ctx.conn))
+    return out
+
+
+def _drain(ctx, procs, path) -> dict:
+    """drain: the backlog is in place (and ANALYZEd) when the dispatcher or scan loop starts; for
+    Celery direct, the messages are published to the running worker as fast as one producer can."""
+    cfg = ctx.cfg
+    times = due_times("drain", cfg.n_drain, base=db_now(ctx.conn) - timedelta(seconds=1))
+    out = {}
+    if path != "celery":
+        out.update(schedule_bulk(ctx.alias, times, chunk=cfg.bulk_chunk))
+        ctx.conn.execute("ANALYZE timeouts_task")
+    started = time.time()
+    if path == "celery":
+        out.update(publish_direct(ctx.app, times, eta=False, label="drain: apply_async()"))
+    else:
+        _start_path(ctx, procs, path)
+    wait_for_starts(ctx.conn, cfg.n_drain, deadline=time.monotonic() + cfg.drain_timeout, check=procs.check,
+                    label=f"drain {path}: started")
+    if path == "celery":
+        out.update(stats.analyze(dict(enumerate(times)), stats.direct_starts(ctx.conn)))
+        out["claim_per_s"] = out["sched_per_s"]  # what reached the broker per second
+    else:
+        out.update(stats.timeouts_run(ctx.conn))
+        out.update(stats.claim_rate(ctx.conn))
+    if out.get("last_start"):
+        out["drain_total_s"] = round(out["last_start"].timestamp() - started, 2)
+    out["drain_per_s"] = out.get("start_per_s")
+    return out

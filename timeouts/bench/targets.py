@@ -1,0 +1,132 @@
+"""Ratios (scan vs dispatcher, dispatcher vs Celery direct, vs peers) and the issue's targets.
+
+Ratios are taken per repeat (the runs of one repeat ran side by side, on the same machine state)
+and then summarised by their median [min-max]. Targets are checked on medians, except the
+correctness targets (missing, duplicates, early), which must hold in every run.
+"""
+
+from .peers import peer_scenario
+from .stats import summarize
+
+LATENESS = ("p50_ms", "p99_ms", "max_ms")
+RATES = ("start_per_s", "claim_per_s")
+
+
+def paired(runs, scenario, a, b, metric):
+    """summary of a/b per repeat, for runs of `scenario` on paths a and b."""
+    by = {}
+    for r in runs:
+        if r.get("scenario") == scenario and r.get("path") in (a, b):
+            by.setdefault(r["rep"], {})[r["path"]] = r.get(metric)
+    ratios = [x[a] / x[b] for x in by.values() if x.get(a) is not None and x.get(b)]
+    return summarize(ratios)
+
+
+def ratios(runs, peer_runs) -> dict:
+    out = {}
+    for scenario in ("spread", "burst", "drain"):
+        for a, b in (("scan", "dispatcher"), ("dispatcher", "celery")):
+            for metric in LATENESS + RATES:
+                s = paired(runs, scenario, a, b, metric)
+                if s:
+                    out.setdefault(scenario, {}).setdefault(f"{a}/{b}", {})[metric] = s
+    for scenario, metric in (("idle", "idle_qps"), ("idle", "idle_cpu_pct")):
+        s = paired(runs, scenario, "scan", "dispatcher", metric)
+        if s:
+            out.setdefault(scenario, {}).setdefault("scan/dispatcher", {})[metric] = s
+    for scenario, metrics in (("spread", LATENESS), ("burst", LATENESS), ("drain", ("start_per_s",)),
+                              ("idle", ("idle_qps", "idle_cpu_pct"))):
+        for path in ("dispatcher", "celery"):  # celery direct vs the harness's celery: a calibration
+            ours = [r for r in runs if r.get("scenario") == scenario and r.get("path") == path]
+            for system in sorted({p["system"] for p in peer_runs if "system" in p}):
+                theirs = [p for p in peer_runs if p.get("system") == system and peer_scenario(p) == scenario]
+                for metric in metrics:
+                    if metric == "idle_qps" and system == "celery":
+                        continue  # Redis commands, not queries
+                    theirs_metric = "drain_per_s" if metric == "start_per_s" else metric
+                    pairs = _pair_by_rep(ours, theirs, metric, theirs_metric)
+                    if pairs:
+                        out.setdefault(scenario, {}).setdefault(f"{path}/peer:{system}", {})[metric] = pairs
+    for variant, peer in (("single", "sched_single"), ("bulk", "sched_bulk")):
+        ours = [r for r in runs if r.get("scenario") == "schedule" and r.get("path") == variant]
+        for system in sorted({p["system"] for p in peer_runs if "system" in p}):
+            theirs = [p for p in peer_runs if p.get("system") == system and peer_scenario(p) == peer]
+            pairs = _pair_by_rep(ours, theirs, "sched_per_s", "schedule_per_s")
+            if pairs:
+                out.setdefault("schedule", {}).setdefault(f"{variant}/peer:{system}", {})["sched_per_s"] = pairs
+    return out
+
+
+def _pair_by_rep(ours, theirs, metric, their_metric):
+    by = {}
+    for r in ours:
+        by.setdefault(r["rep"], [None, None])[0] = r.get(metric)
+    for p in theirs:
+        if p.get("bench_rep") in by:
+            by[p["bench_rep"]][1] = p.get(their_metric)
+    return summarize([a / b for a, b in by.values() if a is not None and b])
+
+
+def _median(summary, scenario, path, metric):
+    s = summary.get(scenario, {}).get(path, {}).get(metric)
+    return None if s is None else s["median"]
+
+
+def _worst(summary, scenario, path, metrics):
+    values = [summary.get(scenario, {}).get(path, {}).get(m) for m in metrics]
+    return None if any(v is None for v in values) else sum(v["max"] for v in values)
+
+
+def targets(summary, ratio_table, scan_interval, scenarios) -> list[dict]:
+    """The issue's targets, each with what was measured and whether it holds (None: not measured)."""
+    sched = summary.get("schedule", {})
+    rows = [
+        ("spread", "spread, dispatcher: lateness p50 <= 2 ms (median)",
+         _median(summary, "spread", "dispatcher", "p50_ms"), lambda v: v <= 2),
+        ("spread", "spread, dispatcher: lateness p99 <= 10 ms (median)",
+         _median(summary, "spread", "dispatcher", "p99_ms"), lambda v: v <= 10),
+        ("spread", "spread, dispatcher: missing + duplicates + early = 0 (every run)",
+         _worst(summary, "spread", "dispatcher", ("missing", "duplicates", "early")), lambda v: v == 0),
+        ("burst", "burst: dispatcher last start / Celery ETA last start <= 1.0",
+         _ratio(ratio_table, "burst", "dispatcher/celery", "max_ms"), lambda v: v <= 1.0),
+        ("drain", "drain, dispatcher: claimed and published >= 5,000 tasks/s",
+         _median(summary, "drain", "dispatcher", "claim_per_s"), lambda v: v >= 5000),
+        ("drain", "drain, dispatcher: handler starts >= 0.8x Celery direct",
+         _ratio(ratio_table, "drain", "dispatcher/celery", "start_per_s"), lambda v: v >= 0.8),
+        ("idle", "idle, dispatcher: <= 1 query/s", _median(summary, "idle", "dispatcher", "idle_qps"),
+         lambda v: v <= 1),
+        ("idle", "idle, dispatcher: CPU < 1 %", _median(summary, "idle", "dispatcher", "idle_cpu_pct"),
+         lambda v: v < 1),
+        ("spread", f"spread, scan only: max lateness <= SCAN_INTERVAL + 1 s = {(scan_interval + 1) * 1000:,.0f} ms",
+         _median(summary, "spread", "scan", "max_ms"), lambda v: v <= (scan_interval + 1) * 1000),
+    ]
+    for variant, raw, label in (("bulk", "raw_copy", "bulk_schedule() >= 0.5x raw COPY"),
+                                ("bulk_notify", "raw_copy", "bulk_schedule() with NOTIFY >= 0.5x raw COPY"),
+                                ("single", "raw_insert", "schedule() >= 0.7x raw INSERT"),
+                                ("single_notify", "raw_insert", "schedule() with NOTIFY >= 0.7x raw INSERT")):
+        threshold = 0.5 if raw == "raw_copy" else 0.7
+        rows.append(("schedule", label, _ratio(ratio_table, "schedule", f"{variant}/{raw}", "sched_per_s"),
+                     lambda v, t=threshold: v >= t))
+    for variant in ("single", "single_notify"):
+        value = sched.get(variant, {}).get("sched_per_s")
+        label = "schedule() with NOTIFY" if variant.endswith("notify") else "schedule()"
+        rows.append(("schedule", f"{label} >= 2,000 tasks/s", value and value["median"], lambda v: v >= 2000))
+    return [{"scenario": scenario, "target": name, "measured": value,
+             "ok": None if value is None else bool(check(value))}
+            for scenario, name, value, check in rows if scenario in scenarios]
+
+
+def _ratio(table, scenario, pair, metric):
+    s = table.get(scenario, {}).get(pair, {}).get(metric)
+    return None if s is None else round(s["median"], 3)
+
+
+def schedule_ratios(runs) -> dict:
+    """schedule variants against the raw baselines of the same repeat."""
+    out = {}
+    for variant, raw in (("single", "raw_insert"), ("single_notify", "raw_insert"),
+                         ("bulk", "raw_copy"), ("bulk_notify", "raw_copy")):
+        s = paired(runs, "schedule", variant, raw, "sched_per_s")
+        if s:
+            out[f"{variant}/{raw}"] = {"sched_per_s": s}
+    return out

@@ -1,0 +1,78 @@
+"""`manage.py timeouts_bench`: the benchmark. Parses options; the bench lives in timeouts.bench."""
+
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from timeouts.bench.config import PATHS, PEER_SYSTEMS, SCENARIOS, BenchConfig
+
+SIZES = ("n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "n_idle")
+
+
+def _names(text):
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+class Command(BaseCommand):
+    help = ("Benchmark timeouts on a database and a Redis database of its own: lateness, missing, duplicate "
+            "and early starts, throughput, scheduling rate and idle cost, for the scan-only path, the "
+            "dispatcher and Celery itself (optionally the peer harness too). Prints a table, writes JSON.")
+
+    def add_arguments(self, parser):
+        d = BenchConfig()
+        add = parser.add_argument
+        add("--scenarios", type=_names, default=d.scenarios, help=f"comma-separated, of {','.join(SCENARIOS)}")
+        add("--paths", type=_names, default=d.paths, help=f"comma-separated, of {','.join(PATHS)}")
+        add("--repeat", type=int, default=d.repeat, help="repeats, interleaved across paths; medians reported")
+        add("--n", type=int, help="one size for every scenario (a quick run): overrides the --n-* options")
+        for name in SIZES:
+            add(f"--{name.replace('_', '-')}", dest=name, type=int, default=getattr(d, name))
+        add("--window", type=float, default=d.window, help="spread: seconds over which tasks fall due")
+        add("--lead", type=float, default=d.lead, help="spread/burst: seconds from scheduling to the first due time")
+        add("--bulk-chunk", type=int, default=d.bulk_chunk, help="tasks per bulk_schedule() call")
+        add("--idle-settle", type=float, default=d.idle_settle)
+        add("--idle-seconds", type=float, default=d.idle_seconds)
+        add("--scan-interval", type=float, help="the scan loop's interval (default: TIMEOUTS SCAN_INTERVAL)")
+        add("--concurrency", type=int, default=d.concurrency, help="Celery worker processes (prefork)")
+        add("--celery-app", default=d.celery_app, help="the project's Celery app, as for `celery -A`")
+        add("--database", default=d.database, help="the bench's own database (created, migrated, dropped)")
+        add("--keep-db", action="store_true", help="keep the bench database afterwards")
+        add("--broker-url", default=d.broker_url, help="the bench's own Redis database (it is FLUSHed)")
+        add("--json", dest="json_path", default="", help="where to write the JSON (default var/bench/...)")
+        add("--markdown", default="", help="also write the results as markdown tables (for BENCHMARKS.md)")
+        add("--dispatcher-arg", action="append", default=[], dest="dispatcher_args",
+            help="an argument for `timeouts_dispatcher` (repeatable)")
+        add("--peers", type=_names, default=(), help=f"also run the peer harness: comma-separated, of {','.join(PEER_SYSTEMS)}")
+        add("--peers-src", default=str(settings.BASE_DIR.parent / "shared" / "bench" / "peers")
+            if hasattr(settings, "BASE_DIR") else "", help="the peer harness's files")
+        add("--peers-dir", default=d.peers_dir, help="where the harness runs, with its virtualenv")
+        add("--peers-redis-url", default=d.peers_redis_url, help="the Redis database the Celery peer may FLUSH")
+        add("--pg-log", default="", help="PostgreSQL's log file (for idle queries/s)")
+        add("--seed", type=int, default=d.seed)
+
+    def handle(self, *args, **options):
+        from timeouts.bench import runner
+        from timeouts.bench.database import BenchError
+        from timeouts.bench.report import render, render_markdown
+        from timeouts.conf import get_settings
+
+        if options["n"]:
+            options.update({name: options["n"] for name in SIZES})
+        if options["scan_interval"] is None:
+            options["scan_interval"] = get_settings().SCAN_INTERVAL
+        fields = set(BenchConfig.__dataclass_fields__)
+        values = {k: v for k, v in options.items() if k in fields}
+        values["dispatcher_args"] = tuple(values["dispatcher_args"])
+        try:
+            cfg = BenchConfig(**values)
+            result = runner.run(cfg, settings_module=settings.SETTINGS_MODULE,
+                                root=getattr(settings, "BASE_DIR", None) or ".",
+                                broker_in_use=getattr(settings, "CELERY_BROKER_URL", None))
+        except (ValueError, BenchError) as exc:
+            raise CommandError(str(exc)) from exc
+        self.stdout.write(render(result))
+        self.stdout.write(f"\nJSON: {result['json_path']}")
+        if options["markdown"]:
+            Path(options["markdown"]).write_text(render_markdown(result))
+            self.stdout.write(f"markdown: {options['markdown']}")
