@@ -157,6 +157,11 @@ def start_pgserver(python) -> tuple[int, bool]:
         return port, False
     _install_pgserver(python)
     user_kwargs = _pg_user_kwargs()
+    if user_kwargs:
+        closed = [str(p) for p in PGSERVER_BIN.parents if not p.stat().st_mode & 0o001]
+        if closed:
+            raise SystemExit(f"error: the embedded PostgreSQL runs as an unprivileged user (we are root), who cannot "
+                             f"enter {closed[0]}; clone somewhere world-traversable or set DATABASE_URL")
     if not (PGSERVER_DATA / "PG_VERSION").exists():
         say(f"Initialising the embedded PostgreSQL in {PGSERVER_DATA.relative_to(ROOT)} ...")
         PGSERVER_DATA.mkdir(parents=True, exist_ok=True)
