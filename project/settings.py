@@ -81,7 +81,19 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {"confirm_publish": True}  # RabbitMQ: publisher confirms
+
+
+def broker_transport_options(url):
+    """kombu's filesystem:// fallback (no Redis here) needs its folders; RabbitMQ gets publisher confirms."""
+    if url.startswith("filesystem://"):
+        folder = Path(os.environ.get("TIMEOUTS_BROKER_FOLDER") or BASE_DIR / "var" / "broker")
+        return {"data_folder_in": str(folder / "queue"), "data_folder_out": str(folder / "queue"),
+                "control_folder": str(folder / "control"), "processed_folder": str(folder / "processed"),
+                "polling_interval": 0.05}
+    return {"confirm_publish": True}
+
+
+CELERY_BROKER_TRANSPORT_OPTIONS = broker_transport_options(CELERY_BROKER_URL)
 
 LOGGING = {
     "version": 1,
