@@ -37,7 +37,7 @@ def test_tiny_run_writes_json_with_every_field_and_loses_nothing(tmp_path):
     dispatcher = "timeouts_dispatcher" in get_commands()
     paths = ["scan", "celery"] + (["dispatcher"] if dispatcher else [])
     result, stdout = run_bench(
-        tmp_path, "--scenarios", "spread,drain,schedule,idle", "--paths", ",".join(paths), "--repeat", "1",
+        tmp_path, "--scenarios", "spread,drain,publish,schedule,idle", "--paths", ",".join(paths), "--repeat", "1",
         "--n", "50", "--window", "1", "--lead", "2", "--scan-interval", "1",
         "--idle-settle", "1", "--idle-seconds", "2")
 
@@ -54,6 +54,8 @@ def test_tiny_run_writes_json_with_every_field_and_loses_nothing(tmp_path):
             assert all(run[key] is not None for key in LATENESS), run
             assert result["summary"][scenario][path]["p99_ms"]["median"] == run["p99_ms"]
     assert runs[("drain", "scan")]["claim_per_s"] is None  # 50 tasks are one claim: no rate
+    for path in paths:
+        assert runs[("publish", path)]["claimed"] == 50, runs[("publish", path)]
     for variant in ("raw_insert", "single", "single_notify", "raw_copy", "bulk", "bulk_notify"):
         assert runs[("schedule", variant)]["sched_per_s"] > 0
     assert runs[("schedule", "single_notify")]["notifications"] >= 1
@@ -61,7 +63,7 @@ def test_tiny_run_writes_json_with_every_field_and_loses_nothing(tmp_path):
     for path in ["scan"] + (["dispatcher"] if dispatcher else []):
         assert runs[("idle", path)]["idle_qps"] is not None
         assert runs[("idle", path)]["idle_cpu_pct"] is not None
-    assert {t["scenario"] for t in result["targets"]} == {"spread", "drain", "schedule", "idle"}
+    assert {t["scenario"] for t in result["targets"]} == {"spread", "drain", "publish", "schedule", "idle"}
     assert "Lateness" in stdout and "Targets" in stdout
     if dispatcher:
         assert result["ratios"]["spread"]["scan/dispatcher"]["p50_ms"]["median"] > 0

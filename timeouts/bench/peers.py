@@ -87,7 +87,7 @@ class Peers:
         if not self.ready:
             return []
         new = []
-        for peer_scenario_name, size in SCENARIOS[scenario]:
+        for peer_scenario_name, size in SCENARIOS.get(scenario, ()):
             n = getattr(self.cfg, size)
             args = [str(self.python), "run_all.py", "--reps", "1", "--systems", ",".join(self.systems),
                     "--scenarios", peer_scenario_name, "--n", str(n), "--out", str(self.out), "--timeout", "600"]

@@ -68,7 +68,7 @@ def cell(summary, metric):
 def sections(result) -> list[tuple[str, list, list]]:
     """(title, headers, rows) of every table, for the text and the markdown renderings."""
     s, cfg, out = result["summary"], result["config"], []
-    timed = [(sc, p) for sc in ("spread", "burst", "drain") for p in ("scan", "dispatcher", "celery") if p in s.get(sc, {})]
+    timed = [(sc, p) for sc in ("spread", "burst", "drain", "publish") for p in ("scan", "dispatcher", "celery") if p in s.get(sc, {})]
     if timed:
         out.append(("Lateness (started_at - action_time, database clock, ms) and throughput (tasks/s)",
                     ["scenario", "path", "p50", "p90", "p99", "max", "missing", "dup", "early", "sched/s",

@@ -1,15 +1,21 @@
-"""One run of spread, burst or drain on one path, from an empty table to its numbers.
+"""One run of spread, burst, drain or publish on one path, from an empty table to its numbers.
+
+`publish` is drain without a worker: how fast the path alone claims and publishes (up to
+MAX_DISPATCHED tasks, where backpressure stops it), with nothing else competing for the cores.
 
 Paths: `scan` (the beat-equivalent scan loop alone), `dispatcher` (the dispatcher command alone),
 `celery` (the same no-op body published straight to Celery: eta= for spread/burst, due for drain).
-Every run starts a fresh worker, warms it, and stops all its processes in `finally`.
+Every run (but publish) starts a fresh worker and warms it; all its processes stop in `finally`.
 """
 
 import time
 from datetime import timedelta
 
+from timeouts.conf import get_settings
+
 from . import stats
 from .database import reset
+from .handlers import NOOP
 from .processes import Processes, flush_broker
 from .workload import (
     db_now,
@@ -19,6 +25,7 @@ from .workload import (
     schedule_bulk,
     schedule_single,
     wait_for_starts,
+    wait_until,
     warm_worker,
 )
 
@@ -29,6 +36,8 @@ def run(ctx, scenario, path, rep) -> dict:
     flush_broker(cfg.broker_url)
     procs = Processes(env=ctx.env, cwd=ctx.cwd, log_dir=ctx.log_dir, label=f"{scenario}/{path}/rep{rep + 1}")
     try:
+        if scenario == "publish":
+            return _publish(ctx, procs, path)
         procs.worker(app=cfg.celery_app, concurrency=cfg.concurrency)
         warm_worker(ctx.app, ctx.conn, count=2 * cfg.concurrency, check=procs.check)
         if scenario == "drain":
@@ -97,4 +106,29 @@ def _drain(ctx, procs, path) -> dict:
     if out.get("last_start"):
         out["drain_total_s"] = round(out["last_start"].timestamp() - started, 2)
     out["drain_per_s"] = out.get("start_per_s")
+    return out
+
+
+def _publish(ctx, procs, path) -> dict:
+    """publish: the drain backlog, no worker. The rate comes from the claim batches, as in drain;
+    Celery direct publishes the same number of messages."""
+    cfg = ctx.cfg
+    times = due_times("drain", cfg.n_drain, base=db_now(ctx.conn) - timedelta(seconds=1))
+    if path == "celery":
+        out = publish_direct(ctx.app, times, eta=False, label="publish: apply_async()")
+        return {"n": cfg.n_drain, "claimed": cfg.n_drain, **out, "claim_per_s": out["sched_per_s"]}
+    out = schedule_bulk(ctx.alias, times, chunk=cfg.bulk_chunk)
+    ctx.conn.execute("ANALYZE timeouts_task")
+    target = min(cfg.n_drain, get_settings().MAX_DISPATCHED)
+    _start_path(ctx, procs, path)
+
+    def claimed():
+        return ctx.conn.execute("SELECT count(*) FROM timeouts_task WHERE biz_type = %s AND status = 1",
+                                (NOOP,)).fetchone()[0]
+
+    try:
+        wait_until(lambda: claimed() >= target, cfg.drain_timeout, procs.check, f"{target} claims")
+    except TimeoutError as exc:
+        out["error"] = str(exc)
+    out.update(n=cfg.n_drain, claimed=claimed(), **stats.claim_rate(ctx.conn))
     return out
