@@ -3,6 +3,7 @@
 import os
 import platform
 import socket
+import subprocess
 import sys
 import time
 from importlib import metadata
@@ -73,6 +74,17 @@ def describe(conn, broker_url) -> dict:
         "libpq": psycopg.pq.version(),
         "redis_py": _version("redis"),
     }
+
+
+def code_version(root) -> dict:
+    """The commit measured, and the files that differed from it (the bench measures the working tree)."""
+    def git(*args):
+        done = subprocess.run(["git", *args], cwd=root, check=False, capture_output=True, text=True, timeout=30)
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": git("rev-parse", "HEAD"), "subject": git("log", "-1", "--format=%s"),
+            "modified": status.splitlines() if status else []}
 
 
 def loadavg():

@@ -100,7 +100,9 @@ def sections(result) -> list[tuple[str, list, list]]:
 
 def _header(result) -> list[str]:
     m, cfg = result["machine"], result["config"]
-    return [f"timeouts_bench {result['started_at']}: {cfg['repeat']} repeat(s); cells are median [min-max]",
+    code = result.get("code") or {}
+    return [(f"timeouts_bench {result['started_at']}: {cfg['repeat']} repeat(s); cells are median [min-max]; "
+             f"code {str(code.get('commit'))[:10]}{' + uncommitted changes' if code.get('modified') else ''}"),
             (f"machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['ram_gb']} GB RAM, load average "
              f"{m['loadavg_start']} at start, {result.get('loadavg_end')} at end; PostgreSQL "
              f"{m['postgresql']['server_version']}, Redis {m['redis']}, Python {m['python']}, Celery {m['celery']}, "

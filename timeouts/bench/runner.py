@@ -76,6 +76,10 @@ def run(cfg, *, settings_module, root, broker_in_use=None) -> dict:
         app = celery_app(cfg.broker_url)
         with db.connect() as conn:
             result["machine"] = machine.describe(conn, cfg.broker_url)
+            result["code"] = machine.code_version(root)
+            if result["code"]["modified"]:
+                notes.append(f"measured a working tree with uncommitted changes to {len(result['code']['modified'])} "
+                             f"file(s) on top of {str(result['code']['commit'])[:10]} (listed in the JSON)")
             result["timeouts_settings"] = _timeouts_settings()
             pg_log = idle.find_pg_log(conn, cfg.pg_log) if "idle" in cfg.scenarios else ""
             if "idle" in cfg.scenarios and not pg_log:
