@@ -260,3 +260,15 @@ def test_claims_stop_at_max_dispatched_until_tasks_start(settings, starts):
     for claim in first[:5]:
         assert run_message(claim) == "done"
     assert len(claim_due(20)) == 5
+
+
+def test_claims_pause_while_a_claimed_task_waits_more_than_half_its_ttr(starts):
+    TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": i, "delay": -1} for i in range(10)])
+    [waiting] = claim_due(1)
+    assert len(claim_due(1)) == 1  # recently claimed: the workers keep up
+    # The first claim has now waited 0.6 of its TTR for a worker: the workers are saturated.
+    sql("UPDATE timeouts_task SET lease_until = now() + ttr * interval '0.4 second' WHERE job_id = %s",
+        [waiting.job_id])
+    assert claim_due(5) == []
+    assert run_message(waiting) == "done"
+    assert len(claim_due(5)) == 5

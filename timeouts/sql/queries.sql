@@ -89,13 +89,14 @@ RETURNING timeouts_task.*, timeouts_notify_v1(%(channel)s, c.now, c.now) AS noti
 -- The one claim used by the scan and by the dispatcher: due tasks (or due within `lead` seconds),
 -- oldest first, skipping rows another claimer or a cancel holds. A claim takes a lease of the
 -- task's TTR; attempts is counted when the handler starts, not here.
--- Backpressure: it claims no more than leaves max_dispatched tasks claimed but not started (two
--- claimers at once may overshoot by a batch), so a backlog waits here, not in the broker, where its
--- leases would expire and be published again.
+-- Backpressure, so a backlog waits here and not in the broker (where leases would expire and the
+-- tasks be published again): no claims while a claimed task has waited more than half its TTR for
+-- a worker (the workers are saturated), and never more than max_dispatched claimed but not started
+-- (two claimers at once may overshoot by a batch). One scan of the claimed tasks serves both.
 WITH dispatched AS (
-    SELECT count(*) AS n
+    SELECT count(*) AS n, coalesce(bool_or(lease_until < now() + ttr * interval '0.5 second'), false) AS saturated
     FROM (
-        SELECT 1 FROM timeouts_task
+        SELECT lease_until, ttr FROM timeouts_task
         -- A claimed task was due when claimed: no future partition can hold one.
         WHERE status = 1 AND action_time <= now() + %(lead)s * interval '1 second'
         LIMIT %(max_dispatched)s
@@ -109,7 +110,8 @@ due AS (
       -- Implied by run_at >= action_time; spelled out so future partitions are pruned.
       AND action_time <= now() + %(lead)s * interval '1 second'
     ORDER BY run_at
-    LIMIT greatest(0, least(%(limit)s, %(max_dispatched)s - (SELECT n FROM dispatched)))
+    LIMIT (SELECT CASE WHEN saturated THEN 0 ELSE greatest(0, least(%(limit)s, %(max_dispatched)s - n)) END
+           FROM dispatched)
     FOR UPDATE SKIP LOCKED
 )
 UPDATE timeouts_task AS t
@@ -191,4 +193,4 @@ SET status = CASE WHEN t.status = 4 AND t.attempts >= t.max_attempts THEN 5 ELSE
     lease_until = NULL, modified_at = c.now
 FROM expired, (SELECT clock_timestamp() AS now) AS c
 WHERE t.job_id = expired.job_id AND t.action_time = expired.action_time
-RETURNING t.job_id, t.status, timeouts_notify_v1(%(channel)s, CASE WHEN t.status = 0 THEN t.run_at END, c.now) AS notified;
+RETURNING t.job_id, t.status, t.biz_type, timeouts_notify_v1(%(channel)s, CASE WHEN t.status = 0 THEN t.run_at END, c.now) AS notified;
