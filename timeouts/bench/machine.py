@@ -71,7 +71,7 @@ def describe(conn, broker_url) -> dict:
         "celery": _version("celery"),
         "kombu": _version("kombu"),
         "psycopg": psycopg.__version__,
-        "libpq": psycopg.pq.version(),
+        "libpq": f"{psycopg.pq.version() // 10000}.{psycopg.pq.version() % 10000}",
         "redis_py": _version("redis"),
     }
 
