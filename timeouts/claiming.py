@@ -10,6 +10,7 @@ from datetime import datetime
 
 from django.db import connection
 
+from . import events
 from .conf import get_settings, notify_params
 from .queries import execute, fetch_dicts
 from .retry import retry_on_conflict
@@ -41,7 +42,7 @@ def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
     if connection.in_atomic_block:
         raise RuntimeError("claim_due() must commit before publishing: call it outside transaction.atomic()")
     params = {"limit": limit, "lead": float(lead), "max_dispatched": get_settings().MAX_DISPATCHED}
-    rows = retry_on_conflict(lambda: fetch_dicts("claim_due", params))
+    rows = events.dispatched(retry_on_conflict(lambda: fetch_dicts("claim_due", params)))
     return sorted(
         (
             Claim(

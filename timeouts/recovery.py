@@ -2,6 +2,7 @@
 
 import logging
 
+from . import events
 from .conf import notify_params
 from .queries import fetch_dicts
 from .retry import retry_on_conflict
@@ -15,6 +16,7 @@ def recover_expired() -> int:
     recovered = 0
     while True:
         rows = retry_on_conflict(lambda: fetch_dicts("recover_expired", {"limit": BATCH, **notify_params()}))
+        events.recovered(rows)
         recovered += len(rows)
         if len(rows) < BATCH:
             break

@@ -6,6 +6,7 @@ import time
 import traceback
 from datetime import datetime
 
+from . import events
 from .conf import notify_params
 from .models import TimeoutTask
 from .queries import fetch_one
@@ -33,6 +34,7 @@ def run(job_id: int, action_time: str, attempt: int) -> str:
     if task is None:
         logger.info("timeouts: dropped stale message for job %s attempt %s", job_id, attempt)
         return "dropped"
+    events.started(task, attempt)
     try:
         get_handler(task.biz_type)(task)
     except Exception:
@@ -41,13 +43,13 @@ def run(job_id: int, action_time: str, attempt: int) -> str:
         row = retry_on_conflict(lambda: fetch_one("fail_task", params))
         outcome = "lost" if row is None else ("dead" if row["status"] == TimeoutTask.Status.DEAD else "retry")
         logger.warning("timeouts: %s attempt %s failed (%s)", task, attempt, outcome, exc_info=True)
-        return outcome
+        return events.ran(task, outcome)
     row = retry_on_conflict(lambda: fetch_one("finish_task", {**key, "attempt": attempt}))
     if row is None:
         # The lease ran out and recovery moved the task on: another attempt will run.
         logger.warning("timeouts: %s finished after its lease expired", task)
         return "lost"
-    return "done"
+    return events.ran(task, "done")
 
 
 def start(key: dict, attempt: int):

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 from django.db import connections, transaction
 
-from . import validation
+from . import events, validation
 from .conf import get_settings, notify_params
 from .errors import TaskConflict, TimeoutsError
 from .queries import execute, fetch_dicts, fetch_one
@@ -64,7 +64,8 @@ def prepare(biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflic
 def schedule(model, biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=None, using="default"):
     new = prepare(biz_type, biz_id, at=at, delay=delay, attribute=attribute, on_conflict=on_conflict)
     if new.on_conflict is None:
-        return model.from_row(fetch_one("insert_task", new.params(), using=connections[using]), using)
+        row = fetch_one("insert_task", new.params(), using=connections[using])
+        return events.scheduled(model.from_row(row, using), using)
     with transaction.atomic(using=using):
         task, _created = _schedule_keyed(model, new, using)
     return task
@@ -91,8 +92,10 @@ def _schedule_keyed(model, new: NewTask, using):
             )
         if new.on_conflict == "keep":
             return model.from_row(waiting[0], using), False
-        execute("cancel_by_key", {**key, "statuses": [0, 1]}, using=connection).close()
-    return model.from_row(fetch_one("insert_task", new.params(), using=connection), using), True
+        replaced = execute("cancel_by_key", {**key, "statuses": [0, 1]}, using=connection)
+        events.cancelled_rows(new.biz_type, replaced, using)
+    row = fetch_one("insert_task", new.params(), using=connection)
+    return events.scheduled(model.from_row(row, using), using), True
 
 
 def bulk_schedule(model, items, *, using="default") -> int:
@@ -117,6 +120,7 @@ def bulk_schedule(model, items, *, using="default") -> int:
             earliest = _copy(plain, connections[using])
             execute("notify_deadline", {"deadline": earliest, **notify_params()}, using=connections[using]).close()
             created += len(plain)
+            events.scheduled_batch((new.biz_type for new in plain), using)
         for new in keyed:
             _task, was_created = _schedule_keyed(model, new, using)
             created += was_created

@@ -9,7 +9,7 @@ is tried again where the row is now.
 
 from django.db import connections
 
-from . import validation
+from . import events, validation
 from .conf import notify_params
 from .queries import fetch_dicts, fetch_one
 from .registry import check_biz_type
@@ -40,7 +40,7 @@ def _change(task, query, allowed_from, extra=None) -> bool:
 def cancel(task) -> bool:
     """True only if the handler will never run: the task was PENDING, DISPATCHED (claimed, but its
     worker's compare-and-set had not happened) or DEAD."""
-    return _change(task, "cancel_task", (PENDING, DISPATCHED, DEAD))
+    return events.cancelled_task(task, _change(task, "cancel_task", (PENDING, DISPATCHED, DEAD)))
 
 
 def reschedule(task, *, at=None, delay=None) -> bool:
@@ -57,4 +57,4 @@ def cancel_by_key(biz_type, biz_id, *, using="default") -> int:
               "statuses": [PENDING, DISPATCHED, DEAD]}
     connection = connections[using]
     rows = retry_on_conflict(lambda: fetch_dicts("cancel_by_key", params, using=connection), using=using)
-    return len(rows)
+    return events.cancelled(biz_type, len(rows), using)

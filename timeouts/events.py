@@ -1,0 +1,105 @@
+"""What happened to tasks, announced after it committed: the hook for metrics (and for hosts).
+
+`task_event` is a Django signal, sent with the keyword arguments
+
+- `event`: "scheduled", "dispatched", "started", "done", "retried", "dead" or "cancelled";
+- `biz_type`: the handler's name;
+- `count`: how many tasks of that biz_type it concerns (claims and cancels come in batches);
+- `lateness`: for "started" only, `started_at - action_time` in seconds of a first attempt, else None.
+
+It is sent once the transaction that made the change has committed (at once in autocommit mode,
+which is how the scan, the dispatcher and the workers run), so a rolled-back schedule or cancel
+is never counted. A receiver that raises is logged, never raised into the code that did the work.
+
+The runtime modules call the small functions below at the point where each change is known to
+have happened. Each returns what it was given, so a call wraps an existing expression.
+"""
+
+import logging
+from collections import Counter
+from functools import partial
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.dispatch import Signal
+
+logger = logging.getLogger(__name__)
+
+EVENTS = ("scheduled", "dispatched", "started", "done", "retried", "dead", "cancelled")
+DEAD = 5
+
+task_event = Signal()
+
+
+def emit(event, biz_type, count=1, *, lateness=None, using=DEFAULT_DB_ALIAS):
+    if count <= 0 or not task_event.has_listeners():
+        return
+    send = partial(_send, event, biz_type, count, lateness)
+    if connections[using].in_atomic_block:
+        transaction.on_commit(send, using=using)
+    else:
+        send()
+
+
+def _send(event, biz_type, count, lateness):
+    for receiver, result in task_event.send_robust(
+        sender=None, event=event, biz_type=biz_type, count=count, lateness=lateness
+    ):
+        if isinstance(result, Exception):
+            logger.error("timeouts: task_event receiver %r failed", receiver, exc_info=result)
+
+
+# --- Called by the runtime -----------------------------------------------------------------------
+
+def scheduled(task, using=DEFAULT_DB_ALIAS):
+    emit("scheduled", task.biz_type, using=using)
+    return task
+
+
+def scheduled_batch(biz_types, using=DEFAULT_DB_ALIAS):
+    for biz_type, count in Counter(biz_types).items():
+        emit("scheduled", biz_type, count, using=using)
+
+
+def dispatched(rows):
+    """Rows of the claim query (they carry biz_type)."""
+    for biz_type, count in Counter(row["biz_type"] for row in rows).items():
+        emit("dispatched", biz_type, count)
+    return rows
+
+
+def started(task, attempt):
+    lateness = (task.started_at - task.action_time).total_seconds() if attempt == 1 else None
+    emit("started", task.biz_type, lateness=lateness)
+    return task
+
+
+def ran(task, outcome):
+    """The outcome string of running.run(): done, retry, dead (lost and dropped are not events)."""
+    event = {"done": "done", "retry": "retried", "dead": "dead"}.get(outcome)
+    if event:
+        emit(event, task.biz_type)
+    return outcome
+
+
+def cancelled(biz_type, count, using=DEFAULT_DB_ALIAS):
+    emit("cancelled", biz_type, count, using=using)
+    return count
+
+
+def cancelled_task(task, done: bool):
+    if done:
+        emit("cancelled", task.biz_type, using=task._state.db or DEFAULT_DB_ALIAS)
+    return done
+
+
+def cancelled_rows(biz_type, cursor, using=DEFAULT_DB_ALIAS):
+    """A cursor that ran a cancelling UPDATE: counts its rows, then closes it."""
+    with cursor:
+        cancelled(biz_type, max(cursor.rowcount, 0), using=using)
+
+
+def recovered(rows):
+    """Rows of the lease-recovery query: those that became DEAD are counted."""
+    for biz_type, count in Counter(row["biz_type"] for row in rows if row["status"] == DEAD).items():
+        emit("dead", biz_type, count)
+    return rows
