@@ -1,0 +1,271 @@
+"""Cheap numbers about the task table, for the admin, `manage.py timeouts_stats` and the metrics.
+
+The table may hold tens of millions of rows, so nothing here counts a large set row by row:
+
+- `count()` counts a queryset exactly only while that is cheap: it asks the planner first what
+  counting at most `exact_limit` rows would cost, counts only below `max_cost`, and otherwise (or
+  when there are more rows than the limit) answers with the planner's estimate, which comes from the
+  catalog and each partition's statistics (`reltuples`, `relpages`, `pg_statistic`).
+- `status_counts()` estimates the breakdown by (status, biz_type) from a TABLESAMPLE of the table
+  when it is large, and counts exactly the small, indexed groups (DISPATCHED, RUNNING, DEAD).
+- The rest reads an index from one end (oldest overdue) or the rows of a short time window
+  (recent lateness), pruned to the partitions it needs.
+"""
+
+import json
+import math
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.core.exceptions import EmptyResultSet
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from . import partitions
+
+PENDING, DISPATCHED, DONE, CANCELLED, RUNNING, DEAD = range(6)
+STATUS_NAMES = {PENDING: "pending", DISPATCHED: "dispatched", DONE: "done", CANCELLED: "cancelled",
+                RUNNING: "running", DEAD: "dead"}
+
+EXACT_LIMIT = 1000  # admin: counts up to this are exact
+MAX_COST = 20_000.0  # planner cost units a "cheap" exact count may take (a few ms of work)
+EXACT_TABLE_ROWS = 1_000_000  # status_counts(): below this many rows, count exactly
+SAMPLE_ROWS = 200_000  # status_counts(): rows to sample above it
+SMALL_GROUP_LIMIT = 100_000  # status_counts(): indexed groups counted exactly up to this
+
+
+@dataclass(frozen=True)
+class Count:
+    value: int
+    exact: bool
+
+    def __str__(self):
+        return f"{self.value:,}" if self.exact else f"~{self.value:,}"
+
+
+# --- Counting querysets --------------------------------------------------------------------------
+
+def _sql(queryset):
+    compiler = queryset.query.get_compiler(using=queryset.db)
+    return compiler.as_sql()
+
+
+def plan(sql, params, using=DEFAULT_DB_ALIAS) -> dict:
+    """The top node of the planner's plan for `sql` (EXPLAIN, nothing is run)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+        document = cursor.fetchone()[0]
+    if isinstance(document, str):
+        document = json.loads(document)
+    return document[0]["Plan"]
+
+
+def count(queryset, *, exact_limit=EXACT_LIMIT, max_cost=MAX_COST) -> Count:
+    """How many rows `queryset` has: exact up to `exact_limit` when counting is cheap, else the
+    planner's estimate (never below what was counted)."""
+    using = queryset.db
+    rows = queryset.order_by().values("pk")
+    try:
+        inner, params = _sql(rows[: exact_limit + 1])
+    except EmptyResultSet:  # e.g. queryset.none()
+        return Count(0, True)
+    bounded = f"SELECT count(*) FROM ({inner}) AS bounded"
+    counted = None
+    if plan(bounded, params, using)["Total Cost"] <= max_cost:
+        with connections[using].cursor() as cursor:
+            cursor.execute(bounded, params)
+            counted = cursor.fetchone()[0]
+        if counted <= exact_limit:
+            return Count(counted, True)
+    estimate = round(plan(*_sql(rows), using)["Plan Rows"])
+    return Count(max(estimate, counted or 0), False)
+
+
+# --- Raw counts for the command and the metrics --------------------------------------------------
+
+def _scalar(sql, params=None, using=DEFAULT_DB_ALIAS):
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, params or [])
+        return cursor.fetchone()[0]
+
+
+def bounded_sql_count(from_where, params=None, *, limit, using=DEFAULT_DB_ALIAS) -> Count:
+    """Count `SELECT 1 <from_where>` exactly up to `limit` rows, else the planner's estimate.
+    For queries that an index serves (the caller knows): no cost guard."""
+    counted = _scalar(f"SELECT count(*) FROM (SELECT 1 {from_where} LIMIT {int(limit) + 1}) AS bounded", params, using)
+    if counted <= limit:
+        return Count(counted, True)
+    return Count(max(counted, round(plan(f"SELECT 1 {from_where}", params or [], using)["Plan Rows"])), False)
+
+
+OVERDUE = "FROM timeouts_task WHERE status = 0 AND run_at <= now() AND action_time <= now()"
+
+
+def pending(*, limit=100_000, using=DEFAULT_DB_ALIAS) -> Count:
+    return bounded_sql_count("FROM timeouts_task WHERE status = 0", limit=limit, using=using)
+
+
+def overdue(*, limit=100_000, using=DEFAULT_DB_ALIAS) -> Count:
+    return bounded_sql_count(OVERDUE, limit=limit, using=using)
+
+
+def default_rows(*, limit=100_000, using=DEFAULT_DB_ALIAS) -> Count:
+    return bounded_sql_count("FROM timeouts_task_default", limit=limit, using=using)
+
+
+def oldest_overdue(using=DEFAULT_DB_ALIAS) -> dict | None:
+    """The PENDING task that has been due longest (by run_at), with `age` (a timedelta), or None."""
+    sql = ("SELECT job_id, biz_type, biz_id, action_time, run_at, attempts, now() - run_at AS age "
+           f"{OVERDUE} ORDER BY run_at LIMIT 1")
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql)
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        return dict(zip([column.name for column in cursor.description], row))
+
+
+def status_counts(*, exact=False, using=DEFAULT_DB_ALIAS):
+    """({(status, biz_type): Count}, how): exact GROUP BY for small tables or with `exact`, else a
+    TABLESAMPLE scaled up, with the small indexed groups (DISPATCHED, RUNNING, DEAD) counted."""
+    total = round(plan("SELECT 1 FROM timeouts_task", [], using)["Plan Rows"])
+    group = "SELECT status, biz_type, count(*) FROM timeouts_task {sample} GROUP BY 1, 2"
+    with connections[using].cursor() as cursor:
+        if exact or total <= EXACT_TABLE_ROWS:
+            cursor.execute(group.format(sample=""))
+            return {(s, b): Count(n, True) for s, b, n in cursor.fetchall()}, "exact"
+        percent = min(100.0, 100.0 * SAMPLE_ROWS / total)
+        cursor.execute(group.format(sample="TABLESAMPLE SYSTEM (%s)"), [percent])
+        counts = {(s, b): Count(round(n * 100.0 / percent), False) for s, b, n in cursor.fetchall()}
+        for status in (DISPATCHED, RUNNING, DEAD):
+            cursor.execute(
+                "SELECT biz_type, count(*) FROM (SELECT biz_type FROM timeouts_task WHERE status = %s LIMIT %s) AS s "
+                "GROUP BY 1", [status, SMALL_GROUP_LIMIT + 1])
+            rows = cursor.fetchall()
+            if sum(n for _, n in rows) <= SMALL_GROUP_LIMIT:
+                counts = {key: value for key, value in counts.items() if key[0] != status}
+                counts.update({(status, b): Count(n, True) for b, n in rows})
+    return counts, f"estimated from a {percent:.3g}% sample of ~{total:,} rows"
+
+
+def lateness(minutes=15, using=DEFAULT_DB_ALIAS) -> dict:
+    """Tasks due in the last `minutes`: how many, how many still wait, and the lateness
+    (started_at - action_time, seconds) percentiles of those whose first attempt started."""
+    sql = """
+        SELECT count(*) AS due,
+               count(*) FILTER (WHERE status IN (0, 1) AND attempts = 0) AS waiting,
+               count(*) FILTER (WHERE attempts = 1 AND started_at IS NOT NULL) AS started,
+               percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY late)
+                   FILTER (WHERE attempts = 1 AND started_at IS NOT NULL) AS percentiles,
+               max(late) FILTER (WHERE attempts = 1 AND started_at IS NOT NULL) AS worst
+        FROM (SELECT status, attempts, started_at, extract(epoch FROM started_at - action_time)::float8 AS late
+              FROM timeouts_task
+              WHERE action_time > now() - %s AND action_time <= now() AND status <> 3) AS recent
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, [timedelta(minutes=minutes)])
+        due, waiting, started, percentiles, worst = cursor.fetchone()
+    p50, p90, p99 = percentiles or (None, None, None)
+    return {"minutes": minutes, "due": due, "waiting": waiting, "started": started,
+            "p50": p50, "p90": p90, "p99": p99, "max": worst}
+
+
+def partition_sizes(using=DEFAULT_DB_ALIAS) -> list[dict]:
+    """Every partition with its bounds, estimated rows and size on disk (table + indexes + TOAST)."""
+    connection = connections[using]
+    found = partitions.list_partitions(connection)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_inherits AS i "
+            "JOIN pg_class AS c ON c.oid = i.inhrelid WHERE i.inhparent = 'timeouts_task'::regclass")
+        sizes = dict(cursor.fetchall())
+    return [{**p.as_dict(), "bytes": sizes.get(p.name)} for p in found]
+
+
+def human_bytes(n) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
+def seconds(value) -> str:
+    """0.0123 -> '12.3 ms', 75 -> '1 min 15 s'."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if abs(value) < 0.1:
+        return f"{value * 1000:.1f} ms"
+    if abs(value) < 1:
+        return f"{value * 1000:.0f} ms"
+    if abs(value) < 120:
+        return f"{value:.2f} s"
+    minutes, secs = divmod(round(value), 60)
+    if minutes < 120:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min"
+    return f"{hours // 24} d {hours % 24} h"
+
+
+# --- The report of manage.py timeouts_stats ------------------------------------------------------
+
+def report(*, exact=False, minutes=15, using=DEFAULT_DB_ALIAS) -> dict:
+    counts, how = status_counts(exact=exact, using=using)
+    oldest = oldest_overdue(using)
+    limit = None if exact else 100_000
+    default = (Count(_scalar("SELECT count(*) FROM timeouts_task_default", using=using), True) if limit is None
+               else default_rows(limit=limit, using=using))
+    return {
+        "counts": {"how": how, "rows": [
+            {"status": STATUS_NAMES[status], "biz_type": biz_type, "count": c.value, "exact": c.exact}
+            for (status, biz_type), c in sorted(counts.items())]},
+        "oldest_overdue": oldest and {**oldest, "age_seconds": oldest["age"].total_seconds(),
+                                      "age": str(oldest["age"])},
+        "default_partition": {"rows": default.value, "exact": default.exact},
+        "lateness": lateness(minutes, using),
+        "partitions": partition_sizes(using),
+    }
+
+
+def format_report(data) -> str:
+    lines = [f"Tasks by status and biz_type ({data['counts']['how']}):"]
+    rows = data["counts"]["rows"]
+    totals = {}
+    for row in rows:
+        totals[row["status"]] = totals.get(row["status"], 0) + row["count"]
+    width = max([len(r["biz_type"]) for r in rows] + [8])
+    for row in rows:
+        shown = str(Count(row["count"], row["exact"]))
+        lines.append(f"  {row['status']:<10} {row['biz_type']:<{width}} {shown:>14}")
+    if not rows:
+        lines.append("  (no tasks)")
+    lines.append("  totals: " + (", ".join(f"{status} {n:,}" for status, n in sorted(totals.items())) or "none"))
+    oldest = data["oldest_overdue"]
+    lines.append("")
+    if oldest:
+        lines.append(f"Oldest overdue task: job {oldest['job_id']} {oldest['biz_type']}:{oldest['biz_id']}, "
+                     f"due since {oldest['run_at'].isoformat()} ({seconds(oldest['age_seconds'])}), "
+                     f"attempts {oldest['attempts']}")
+    else:
+        lines.append("Oldest overdue task: none (nothing is waiting past its time)")
+    default = data["default_partition"]
+    lines.append(f"Rows in the DEFAULT partition: {Count(default['rows'], default['exact'])}"
+                 + ("  (maintenance moves them out when it creates their partition)" if default["rows"] else ""))
+    late = data["lateness"]
+    lines.append("")
+    lines.append(f"Lateness of tasks due in the last {late['minutes']} min (first attempts, started_at - action_time): "
+                 f"{late['started']} started, {late['waiting']} still waiting, {late['due']} due (cancelled left out)")
+    lines.append(f"  p50 {seconds(late['p50'])}   p90 {seconds(late['p90'])}   p99 {seconds(late['p99'])}   "
+                 f"max {seconds(late['max'])}")
+    lines.append("")
+    lines.append("Partitions (estimated rows from the statistics; size with indexes):")
+    for p in data["partitions"]:
+        span = "DEFAULT" if p["default"] else f"{p['lower'] or 'MINVALUE'} .. {p['upper'] or 'MAXVALUE'}"
+        rows_text = "?" if p["estimated_rows"] is None else f"~{p['estimated_rows']:,}"
+        lines.append(f"  {p['name']:<28} {span:<52} {rows_text:>14} {human_bytes(p['bytes']):>10}")
+    return "\n".join(lines) + "\n"
