@@ -1,0 +1,118 @@
+"""The admin's actions. Each calls the ORM API one task at a time (never queryset.update(), which
+would skip the state machine's conditions), says what happened, and records every task it was
+asked to change in the admin log, with the outcome.
+
+Permissions (beyond Django's `view`): `timeouts.cancel_timeouttask` for cancel and run now,
+`timeouts.requeue_timeouttask` for requeue. Django only offers (and only runs) an action to a user
+who has its permission; each action checks again, so calling one directly cannot bypass that.
+"""
+
+from collections import Counter, defaultdict
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.core.exceptions import PermissionDenied
+
+from .. import operations
+from ..models import TimeoutTask
+
+Status = TimeoutTask.Status
+
+# "Select all" can mean millions of rows; an action works on at most this many, one by one.
+MAX_TASKS = 1000
+
+
+def _tasks(modeladmin, request, queryset, permission):
+    if not getattr(modeladmin, f"has_{permission}_permission")(request):
+        raise PermissionDenied
+    tasks = list(queryset.order_by()[: MAX_TASKS + 1])
+    if len(tasks) > MAX_TASKS:
+        modeladmin.message_user(
+            request, f"Nothing was changed: an action works on at most {MAX_TASKS:,} tasks at once. "
+            "Narrow the selection with the filters.", messages.ERROR)
+        return None
+    return tasks
+
+
+def _log(request, outcomes, action):
+    """outcomes: task -> message. One LogEntry per task."""
+    by_message = defaultdict(list)
+    for task, message in outcomes.items():
+        by_message[f"{message} (action: {action})"].append(task)
+    for message, tasks in by_message.items():
+        LogEntry.objects.log_actions(user_id=request.user.pk, queryset=tasks, action_flag=CHANGE,
+                                     change_message=message)
+
+
+def _plural(n, word="task"):
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _statuses(tasks):
+    counts = Counter(Status(task.status).label for task in tasks)
+    return ", ".join(f"{n} {label}" for label, n in sorted(counts.items()))
+
+
+@admin.action(permissions=["cancel"], description="Cancel selected timeout tasks")
+def cancel_selected(modeladmin, request, queryset):
+    tasks = _tasks(modeladmin, request, queryset, "cancel")
+    if tasks is None:
+        return
+    done, late, outcomes = [], [], {}
+    for task in tasks:
+        if task.cancel():
+            done.append(task)
+            outcomes[task] = "Cancelled"
+        else:
+            late.append(task)
+            outcomes[task] = f"Not cancelled: too late, the task is {Status(task.status).label}"
+    _log(request, outcomes, "cancel_selected")
+    text = f"Cancelled {_plural(len(done))}."
+    if late:
+        text += f" {_plural(len(late))} too late to cancel ({_statuses(late)})."
+    modeladmin.message_user(request, text, messages.SUCCESS if done and not late else messages.WARNING)
+
+
+@admin.action(permissions=["requeue"], description="Requeue selected dead or cancelled tasks (due now)")
+def requeue_selected(modeladmin, request, queryset):
+    tasks = _tasks(modeladmin, request, queryset, "requeue")
+    if tasks is None:
+        return
+    done, skipped, outcomes = [], [], {}
+    for task in tasks:
+        if task.requeue():
+            done.append(task)
+            outcomes[task] = "Requeued: pending, due now, attempts reset"
+        else:
+            skipped.append(task)
+            outcomes[task] = f"Not requeued: the task is {Status(task.status).label}, not dead or cancelled"
+    _log(request, outcomes, "requeue_selected")
+    text = f"Requeued {_plural(len(done))} (pending, due now)."
+    if skipped:
+        text += f" {_plural(len(skipped))} not requeued: not dead or cancelled ({_statuses(skipped)})."
+    modeladmin.message_user(request, text, messages.SUCCESS if done and not skipped else messages.WARNING)
+
+
+@admin.action(permissions=["cancel"], description="Run selected pending tasks now")
+def run_now(modeladmin, request, queryset):
+    tasks = _tasks(modeladmin, request, queryset, "cancel")
+    if tasks is None:
+        return
+    now = operations.database_now(queryset.db)
+    results, outcomes = defaultdict(list), {}
+    for task in tasks:
+        result = operations.run_now(task, now=now)
+        results[result].append(task)
+        outcomes[task] = {
+            "moved": "Made due now",
+            "already due": "Not moved: already due",
+            "too late": f"Not moved: too late, the task is {Status(task.status).label}",
+        }[result]
+    _log(request, outcomes, "run_now")
+    text = f"Made {_plural(len(results['moved']))} due now."
+    if results["already due"]:
+        text += f" {_plural(len(results['already due']))} already due."
+    if results["too late"]:
+        text += f" {_plural(len(results['too late']))} too late: no longer pending ({_statuses(results['too late'])})."
+    level = messages.SUCCESS if len(results["moved"]) == len(tasks) else messages.WARNING
+    modeladmin.message_user(request, text, level)

@@ -1,0 +1,28 @@
+"""Operator moves built on the ORM API (used by the admin's actions)."""
+
+from datetime import timedelta
+
+from django.db import connections
+
+from .queries import fetch_one
+
+PENDING = 0
+
+
+def database_now(using="default"):
+    return fetch_one("database_now", using=connections[using])["now"]
+
+
+def run_now(task, *, now=None) -> str:
+    """Make a PENDING task due now (the database clock), as `task.reschedule(delay=0)` does.
+
+    Returns what happened: "moved" (it is due now), "already due" (it was: nothing changed, so its
+    action_time and lateness stay true), or "too late" (it is no longer PENDING: nothing changed).
+    """
+    if task.status != PENDING:
+        return "too late"
+    if task.run_at <= (now or database_now(task._state.db or "default")):
+        return "already due"
+    if not task.reschedule(delay=timedelta(0)):
+        return "too late"
+    return "moved"
