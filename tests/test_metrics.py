@@ -1,0 +1,173 @@
+"""Prometheus metrics: counters per biz_type counted once committed, the lateness histogram, gauges
+read from the database, the view, and the counts of a real prefork worker's processes added up
+through PROMETHEUS_MULTIPROC_DIR."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.test import override_settings
+from django.urls import path
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests import processes
+from timeouts import events, metrics, running
+from timeouts.claiming import claim_due
+from timeouts.models import TimeoutTask
+from timeouts.recovery import recover_expired
+
+Status = TimeoutTask.Status
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
+urlpatterns = [path("metrics/timeouts", metrics.metrics_view)]
+
+
+def value(name, biz_type="test.record", registry=None):
+    return (registry or metrics.REGISTRY).get_sample_value(name, {"biz_type": biz_type}) or 0.0
+
+
+class Deltas:
+    """Counter values now minus at creation."""
+
+    NAMES = [f"timeouts_{event}_total" for event in metrics.COUNTED] + ["timeouts_lateness_seconds_count"]
+
+    def __init__(self, biz_type="test.record"):
+        self.biz_type = biz_type
+        self.start = {name: value(name, biz_type) for name in self.NAMES}
+
+    def __call__(self):
+        changed = {name.removeprefix("timeouts_").removesuffix("_total"): value(name, self.biz_type) - before
+                   for name, before in self.start.items()}
+        return {name: delta for name, delta in changed.items() if delta}
+
+
+def due(biz_type="test.record", biz_id=1):
+    return TimeoutTask.objects.schedule(biz_type, biz_id, delay=-0.001)
+
+
+def run_claims():
+    for claim in claim_due(100):
+        running.run(*claim.message_args())
+
+
+def scrape(client):
+    response = client.get("/metrics/timeouts")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    return {sample.name: sample for family in text_string_to_metric_families(response.content.decode())
+            for sample in family.samples if not sample.labels or sample.labels.get("biz_type") in (None, "test.record")}
+
+
+def test_scheduling_and_cancelling_are_counted_once_committed():
+    deltas = Deltas()
+    task = TimeoutTask.objects.schedule("test.record", 1, delay=600)
+    TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": i, "delay": 600} for i in range(3)])
+    TimeoutTask.objects.schedule("test.record", 9, delay=600, on_conflict="replace")
+    TimeoutTask.objects.schedule("test.record", 9, delay=600, on_conflict="replace")  # cancels the first
+    TimeoutTask.objects.schedule("test.record", 9, delay=600, on_conflict="keep")  # nothing new
+    with pytest.raises(RuntimeError), transaction.atomic():
+        TimeoutTask.objects.schedule("test.record", 2, delay=600)
+        TimeoutTask.objects.cancel("test.record", 1)
+        raise RuntimeError("rolled back: neither counted")
+    assert task.cancel() and not task.cancel()
+    assert TimeoutTask.objects.cancel("test.record", 0) == 1
+    assert deltas() == {"scheduled": 6, "cancelled": 3}
+
+
+def test_dispatch_run_retry_dead_and_lateness():
+    record, fail = Deltas("test.record"), Deltas("test.fail")
+    due("test.record")
+    due("test.fail")
+    run_claims()
+    assert record() == {"dispatched": 1, "done": 1, "lateness_seconds_count": 1, "scheduled": 1}
+    assert fail() == {"dispatched": 1, "retried": 1, "lateness_seconds_count": 1, "scheduled": 1}
+    with connection.cursor() as cursor:  # skip the backoff
+        cursor.execute("UPDATE timeouts_task SET run_at = action_time WHERE status = 0")
+    run_claims()
+    assert fail() == {"dispatched": 2, "retried": 1, "dead": 1, "lateness_seconds_count": 1, "scheduled": 1}
+    assert value("timeouts_lateness_seconds_bucket", "test.record") == 0  # sanity: buckets carry "le"
+    assert metrics.REGISTRY.get_sample_value("timeouts_lateness_seconds_bucket",
+                                             {"biz_type": "test.record", "le": "+Inf"}) >= 1
+
+
+def test_lease_expiry_of_a_last_attempt_counts_as_dead():
+    deltas = Deltas("test.fail")
+    task = due("test.fail")
+    with connection.cursor() as cursor:  # its last attempt started, then its worker vanished
+        cursor.execute("UPDATE timeouts_task SET status = 4, attempts = 2, dispatched_at = now(), started_at = now(), "
+                       "lease_until = now() - interval '1 s' WHERE job_id = %s", [task.job_id])
+    assert recover_expired() == 1
+    assert deltas() == {"scheduled": 1, "dead": 1}
+
+
+def test_a_failing_receiver_never_breaks_the_caller(caplog):
+    def broken(**kwargs):
+        raise ValueError("receiver bug")
+
+    events.task_event.connect(broken)
+    try:
+        task = TimeoutTask.objects.schedule("test.record", 1, delay=60)
+    finally:
+        events.task_event.disconnect(broken)
+    assert task.job_id and "task_event receiver" in caplog.text
+
+
+@override_settings(ROOT_URLCONF=__name__)
+def test_the_view_shows_counters_and_gauges(client):
+    TimeoutTask.objects.schedule("test.record", "old", at=datetime.now(UTC) - timedelta(minutes=5))
+    TimeoutTask.objects.schedule("test.record", "later", delay=3600)
+    TimeoutTask.objects.schedule("test.record", "far", at=datetime(2999, 1, 1, tzinfo=UTC))
+    samples = scrape(client)
+    assert samples["timeouts_pending_tasks"].value == 3
+    assert samples["timeouts_overdue_tasks"].value == 1
+    assert 290 < samples["timeouts_oldest_overdue_age_seconds"].value < 400
+    assert samples["timeouts_default_partition_rows"].value == 1
+    assert samples["timeouts_scheduled_total"].value >= 3
+
+
+@override_settings(ROOT_URLCONF=__name__)
+def test_the_view_says_what_to_install_without_prometheus_client(client, monkeypatch):
+    monkeypatch.setattr(metrics, "prometheus_client", None)
+    response = client.get("/metrics/timeouts")
+    assert response.status_code == 501 and b"django-timeouts[prometheus]" in response.content
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@override_settings(ROOT_URLCONF=__name__)
+def test_a_prefork_workers_counts_add_up_across_its_processes(client, broker, starts, tmp_path, monkeypatch):
+    """Two prefork children run the scan and the handlers; the view, reading PROMETHEUS_MULTIPROC_DIR,
+    sees the sum of what every child counted."""
+    from project.celery import app
+
+    worker = processes.celery_worker(env=processes.django_env(PROMETHEUS_MULTIPROC_DIR=tmp_path), name="metrics-worker")
+    try:
+        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
+        TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": i, "delay": -0.001}
+                                           for i in range(8)])
+        failing = due("test.fail")
+
+        def settled():
+            app.send_task("timeouts.scan")  # the scan, too, runs in a worker child
+            with connection.cursor() as cursor:  # skip the retry's backoff
+                cursor.execute("UPDATE timeouts_task SET run_at = action_time WHERE status = 0 AND attempts > 0")
+            done = TimeoutTask.objects.filter(status=Status.DONE).count()
+            return done == 8 and TimeoutTask.objects.get(job_id=failing.job_id).status == Status.DEAD
+
+        processes.wait_for(settled, timeout=60, interval=0.5, message="8 done and 1 dead")
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+        text = client.get("/metrics/timeouts").content.decode()
+    finally:
+        processes.stop(worker)
+    samples = {(s.name, s.labels.get("biz_type")): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples if "le" not in s.labels}
+    assert samples[("timeouts_dispatched_total", "test.record")] == 8
+    assert samples[("timeouts_done_total", "test.record")] == 8
+    assert samples[("timeouts_lateness_seconds_count", "test.record")] == 8
+    assert samples[("timeouts_dispatched_total", "test.fail")] == 2
+    assert samples[("timeouts_retried_total", "test.fail")] == 1
+    assert samples[("timeouts_dead_total", "test.fail")] == 1
+    assert ("timeouts_scheduled_total", "test.record") not in samples  # the test process counts in memory
+    assert samples[("timeouts_pending_tasks", None)] == 0
+    assert len(starts.all()) == 10
+    pids = {path.name.split("_")[-1] for path in tmp_path.glob("counter_*.db")}
+    assert pids, "no counter files were written"

@@ -1,0 +1,133 @@
+"""Prometheus metrics, when prometheus_client is installed (pip install "django-timeouts[prometheus]").
+
+Counters, per biz_type, counted where the event happens (timeouts.events) and once it committed:
+
+    timeouts_scheduled_total, timeouts_dispatched_total, timeouts_done_total,
+    timeouts_retried_total, timeouts_dead_total, timeouts_cancelled_total
+
+and the histogram `timeouts_lateness_seconds` (started_at - action_time of first attempts).
+Gauges, read from the database when scraped (bounded, indexed queries; above 100,000 rows the two
+counts are the planner's estimates):
+
+    timeouts_pending_tasks, timeouts_overdue_tasks, timeouts_oldest_overdue_age_seconds,
+    timeouts_default_partition_rows
+
+Events happen in many processes: web processes schedule and cancel, Celery worker processes (the
+prefork pool's children) claim, run and finish, dispatchers claim. Counting in each process's
+memory would leave the scraped process with only its own share, and a prefork child's counts die
+with it. So counters use prometheus_client's multiprocess mode: set the environment variable
+PROMETHEUS_MULTIPROC_DIR to a directory that every process on the host shares (empty it when the
+host's services start), and the view adds up every process's files, including those of processes
+that have exited. Without the variable, the view shows the counters of the process serving it
+(right for a single process, e.g. runserver or tests).
+
+We chose this over counting from the table: rows leave with their partition (a counter computed
+from them would go down), and keeping counts in a table would add a write, on one hot row, to
+every status change.
+"""
+
+import logging
+import os
+
+from django.http import HttpResponse
+
+from . import events, stats
+
+logger = logging.getLogger(__name__)
+
+try:
+    import prometheus_client
+    from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess
+    from prometheus_client.core import GaugeMetricFamily
+except ImportError:  # the optional extra is not installed
+    prometheus_client = None
+
+PREFIX = "timeouts_"
+COUNTED = ("scheduled", "dispatched", "done", "retried", "dead", "cancelled")
+LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+                    3600.0, float("inf"))
+HELP = {
+    "scheduled": "Tasks scheduled (committed).",
+    "dispatched": "Tasks claimed and handed to Celery (a task is dispatched again after a retry or an expired lease).",
+    "done": "Tasks whose handler returned.",
+    "retried": "Handler attempts that raised and will be tried again.",
+    "dead": "Tasks that used up their attempts (dead letter).",
+    "cancelled": "Tasks cancelled before their handler started (or discarded while dead).",
+}
+
+# Our own registry in single-process mode: a host's default registry is left alone. In multiprocess
+# mode the values go to PROMETHEUS_MULTIPROC_DIR whatever the registry.
+REGISTRY = CollectorRegistry(auto_describe=True) if prometheus_client else None
+COUNTERS = {}
+LATENESS = None
+
+if prometheus_client:
+    COUNTERS = {event: Counter(f"{PREFIX}{event}", HELP[event], ["biz_type"], registry=REGISTRY)
+                for event in COUNTED}
+    LATENESS = Histogram(f"{PREFIX}lateness_seconds", "started_at - action_time of first attempts.",
+                         ["biz_type"], buckets=LATENESS_BUCKETS, registry=REGISTRY)
+
+
+def record(sender=None, *, event, biz_type, count=1, lateness=None, **kwargs):
+    """The task_event receiver."""
+    if event in COUNTERS:
+        COUNTERS[event].labels(biz_type=biz_type).inc(count)
+    elif event == "started" and lateness is not None:
+        LATENESS.labels(biz_type=biz_type).observe(max(lateness, 0.0))
+
+
+if prometheus_client:
+    events.task_event.connect(record, dispatch_uid="timeouts.metrics.record")
+
+
+class DatabaseCollector:
+    """Gauges computed from the database at scrape time."""
+
+    def __init__(self, using="default"):
+        self.using = using
+
+    def collect(self):
+        oldest = stats.oldest_overdue(using=self.using)
+        values = (
+            ("pending_tasks", "PENDING tasks (exact up to 100,000, then estimated).",
+             stats.pending(using=self.using).value),
+            ("overdue_tasks", "PENDING tasks already due (exact up to 100,000, then estimated).",
+             stats.overdue(using=self.using).value),
+            ("oldest_overdue_age_seconds", "How long the longest-waiting due task has been due (0: none).",
+             max(oldest["age"].total_seconds(), 0.0) if oldest else 0.0),
+            ("default_partition_rows", "Rows in the DEFAULT partition (outside every range partition).",
+             stats.default_rows(using=self.using).value),
+        )
+        for name, help_text, value in values:
+            yield GaugeMetricFamily(f"{PREFIX}{name}", help_text, value=value)
+
+
+class _OurMultiProcessCollector:
+    """Every process's timeouts_* metrics from PROMETHEUS_MULTIPROC_DIR (not the host's others)."""
+
+    def __init__(self, path):
+        self.inner = multiprocess.MultiProcessCollector(None, path=path)
+
+    def collect(self):
+        return [family for family in self.inner.collect() if family.name.startswith(PREFIX)]
+
+
+def exposition(using="default") -> bytes:
+    """The metrics in Prometheus' text format."""
+    registry = CollectorRegistry(auto_describe=False)
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path:
+        registry.register(_OurMultiProcessCollector(path))
+    else:
+        registry.register(REGISTRY)
+    registry.register(DatabaseCollector(using))
+    return prometheus_client.generate_latest(registry)
+
+
+def metrics_view(request):
+    """Add to the host's urls, e.g. path("metrics/timeouts", timeouts.metrics.metrics_view); restrict
+    who can reach it (network policy, or wrap it in a view that checks a token)."""
+    if prometheus_client is None:
+        return HttpResponse('prometheus_client is not installed: pip install "django-timeouts[prometheus]"\n',
+                            status=501, content_type="text/plain; charset=utf-8")
+    return HttpResponse(exposition(), content_type=prometheus_client.CONTENT_TYPE_LATEST)
