@@ -1,0 +1,159 @@
+"""System checks (`manage.py check`, and before runserver, migrate, ...): the configuration
+mistakes that would otherwise show up later as tasks that never run.
+
+| id | level | what |
+|---|---|---|
+| timeouts.E001 | error | a database that holds timeouts_task is not PostgreSQL |
+| timeouts.E002 | error | USE_TZ is off |
+| timeouts.E003 | error | the TIMEOUTS setting is invalid (unknown key, wrong type or range, channel > 63 bytes) |
+| timeouts.E004 | error | NOTIFY_HORIZON is not shorter than one partition |
+| timeouts.E005 | error | a handler's queue is not in the Celery app's task_queues, and missing queues are not created |
+| timeouts.W001 | warning | no Celery app is loaded with Django |
+| timeouts.W002 | warning | the Celery app's beat_schedule lacks timeouts.scan or timeouts.maintain |
+| timeouts.W003 | warning | a handler's queue is not among the Celery app's task_queues |
+"""
+
+from datetime import timedelta
+from types import SimpleNamespace
+
+from django.conf import settings
+from django.core.checks import Error, Warning, register
+from django.db import connections, router
+
+from . import conf, registry
+
+PARTITION_SECONDS = {"hour": 3600, "day": 86400, "week": 7 * 86400, "month": 28 * 86400}  # month: its shortest
+BEAT_TASKS = ("timeouts.scan", "timeouts.maintain")
+
+
+@register()
+def check_database(app_configs=None, **kwargs):
+    from .models import TimeoutTask
+
+    problems = []
+    for alias in connections:
+        if not router.allow_migrate_model(alias, TimeoutTask):
+            continue
+        vendor = connections[alias].vendor
+        if vendor != "postgresql":
+            problems.append(Error(
+                f"timeouts needs PostgreSQL, but the database {alias!r} (which would hold timeouts_task) is {vendor}.",
+                hint="Use django.db.backends.postgresql (PostgreSQL 13 or newer, psycopg 3.2.10 or newer): the task "
+                     "table is partitioned and claimed with FOR UPDATE SKIP LOCKED and LISTEN/NOTIFY.",
+                id="timeouts.E001"))
+    return problems
+
+
+@register()
+def check_time_zone(app_configs=None, **kwargs):
+    if settings.USE_TZ:
+        return []
+    return [Error(
+        "timeouts needs USE_TZ = True.",
+        hint="Task times are aware datetimes stored in UTC; with USE_TZ off Django would read and write naive "
+             "local times and tasks would run at the wrong moment.",
+        id="timeouts.E002")]
+
+
+@register()
+def check_settings(app_configs=None, **kwargs):
+    given = getattr(settings, "TIMEOUTS", {}) or {}
+    if not isinstance(given, dict):
+        return [Error(f"The TIMEOUTS setting must be a dict, got {type(given).__name__}.", id="timeouts.E003")]
+    problems = [Error(f"TIMEOUTS setting: unknown key {key!r}.",
+                      hint=f"Known keys: {', '.join(sorted(conf.KEYS))}.", id="timeouts.E003")
+                for key in sorted(set(given) - conf.KEYS)]
+    values = SimpleNamespace(**{**{key: getattr(conf.Settings, key) for key in conf.KEYS},
+                                **{key: value for key, value in given.items() if key in conf.KEYS}})
+    problems += [Error(f"TIMEOUTS setting: {message}.", hint="See the Settings section of the README.",
+                       id="timeouts.E003")
+                 for message in conf._problems(values)]
+    partition = PARTITION_SECONDS.get(values.PARTITION_INTERVAL)
+    horizon = values.NOTIFY_HORIZON
+    if partition and isinstance(horizon, (int, float)) and not isinstance(horizon, bool) and horizon >= partition:
+        problems.append(Error(
+            f"TIMEOUTS setting: NOTIFY_HORIZON ({horizon} s) must be shorter than one partition "
+            f"(PARTITION_INTERVAL {values.PARTITION_INTERVAL!r}: {timedelta(seconds=partition)}).",
+            hint="The horizon says which new tasks are due soon enough to wake the dispatchers: keep it to "
+                 "seconds or minutes.",
+            id="timeouts.E004"))
+    return problems
+
+
+def _celery_app():
+    from celery import current_app
+
+    app = current_app._get_current_object()
+    return None if app.main in (None, "default") else app
+
+
+@register()
+def check_celery(app_configs=None, **kwargs):
+    try:
+        app = _celery_app()
+    except Exception as exc:  # noqa: BLE001  a broken Celery configuration: say so, don't crash every command
+        return [Warning(f"timeouts could not load the Celery app: {exc!r}", id="timeouts.W001")]
+    if app is None:
+        return [Warning(
+            "No Celery app is loaded with Django, so the timeouts tasks cannot be checked (and may not be bound "
+            "to your app).",
+            hint="Follow Celery's Django recipe: import your app in your project's __init__.py "
+                 "(from .celery import app as celery_app).",
+            id="timeouts.W001")]
+    try:
+        app.finalize(auto=True)  # runs on_after_finalize, where hosts add the beat entries
+        problems = _check_beat(app)
+        return problems + _check_queues(app)
+    except Exception as exc:  # noqa: BLE001  as above
+        return [Warning(f"timeouts could not read the Celery app's configuration: {exc!r}", id="timeouts.W001")]
+
+
+def _check_beat(app):
+    schedule = app.conf.beat_schedule or {}
+    present = {entry.get("task") for entry in schedule.values() if isinstance(entry, dict)}
+    missing = [task for task in BEAT_TASKS if task not in present]
+    if not missing:
+        return []
+    return [Warning(
+        f"The Celery app {app.main!r} has no beat entry for {' and '.join(missing)}: without the scan, tasks "
+        "only run while a dispatcher runs, and without maintenance no new partition is created.",
+        hint="Merge timeouts.celery.beat_schedule() into app.conf.beat_schedule (see README, \"Installing into "
+             "your project\"). If your beat entries live in a database scheduler, create them there and add "
+             "'timeouts.W002' to SILENCED_SYSTEM_CHECKS.",
+        id="timeouts.W002")]
+
+
+def _queue_names(queues):
+    if isinstance(queues, dict):
+        return set(queues)
+    return {getattr(queue, "name", queue) for queue in queues}
+
+
+def _check_queues(app):
+    declared = app.conf.task_queues
+    create_missing = app.conf.task_create_missing_queues
+    if not declared:
+        if create_missing:
+            return []  # queues are created when first used
+        declared = [app.conf.task_default_queue]
+    names = _queue_names(declared)
+    problems = []
+    for handler in sorted(registry.registered().values(), key=lambda h: h.biz_type):
+        queue = handler.queue
+        if queue is None or queue in names:
+            continue
+        known = ", ".join(sorted(names))
+        if create_missing:
+            problems.append(Warning(
+                f"Handler {handler.biz_type!r} runs on queue {queue!r}, which is not in the Celery app's "
+                f"task_queues ({known}).",
+                hint=f"Add it to task_queues and start a worker with -Q {queue}; as it is, Celery creates the queue "
+                     "on first use and only a worker started with that -Q will consume it.",
+                id="timeouts.W003"))
+        else:
+            problems.append(Error(
+                f"Handler {handler.biz_type!r} runs on queue {queue!r}, which the Celery app does not declare "
+                f"(task_queues: {known}) and task_create_missing_queues is off: its tasks cannot be published.",
+                hint=f"Add {queue!r} to task_queues, or change the handler's queue=.",
+                id="timeouts.E005"))
+    return problems
