@@ -52,6 +52,25 @@ ensure_venv() {
     echo "$hash" >"$stamp"
 }
 
+# ensure_chromium: the admin's browser test (tests/test_admin_browser.py) drives Debian's Chromium,
+# /usr/bin/chromium, with Playwright (never Playwright's own browser downloads). Installed with
+# apt-get when missing and we are root (as in CI); otherwise the test is skipped (it fails under CI).
+ensure_chromium() {
+    [ -x /usr/bin/chromium ] && return 0
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        mkdir -p var
+        say "Installing Chromium for the browser test (apt-get install chromium; log: var/apt-chromium.log) ..."
+        if ! { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; } >var/apt-chromium.log 2>&1
+        then
+            tail -n 20 var/apt-chromium.log >&2
+            die "apt-get install chromium failed (full log: var/apt-chromium.log)"
+        fi
+    else
+        say "warning: /usr/bin/chromium is missing and cannot be installed here (needs root and apt-get):" \
+            "the admin's browser test will be skipped (under CI=true it fails)."
+    fi
+}
+
 # setup_services DB_NAME REDIS_DB TEST_REDIS_DB PYTHON: export DATABASE_URL, CELERY_BROKER_URL,
 # TIMEOUTS_TEST_BROKER_URL (see bin/_services.py), starting the fallbacks when needed. PYTHON runs
 # the (standard library only) helper and its pip installs pgserver if that is needed.
