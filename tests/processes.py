@@ -1,11 +1,12 @@
 """Start and stop real processes for tests: each in its own session, always stopped by PID."""
 
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from timeouts.bench.processes import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,18 +40,7 @@ def celery_worker(*, env, name="worker", concurrency=2, queues=("celery", "timeo
 
 def stop(process: subprocess.Popen, timeout=10.0):
     """SIGTERM the process group, then SIGKILL whatever is left."""
-    if process.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    stop_group(process, timeout)
 
 
 def wait_for(predicate, timeout, interval=0.05, message="condition"):

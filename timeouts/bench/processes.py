@@ -15,6 +15,23 @@ from pathlib import Path
 from .database import BenchError
 
 
+def stop_group(process: subprocess.Popen, timeout=15.0):
+    """SIGTERM the child's process group (its PID: it was started in a session of its own), then
+    SIGKILL whatever is left."""
+    if process.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def child_env(*, settings_module, database_url, broker_url, root) -> dict:
     env = dict(os.environ)
     env.update({
@@ -85,20 +102,8 @@ class Processes:
                 raise BenchError(f"the {name} process (pid {process.pid}) exited with {process.returncode}:\n{tail}")
 
     def stop(self, process, timeout=15.0):
-        """SIGTERM the child's process group (its PID), then SIGKILL what is left."""
         self.running = [(n, p) for n, p in self.running if p is not process]
-        if process.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(process.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                process.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        stop_group(process, timeout)
 
     def stop_all(self):
         for _name, process in reversed(list(self.running)):
