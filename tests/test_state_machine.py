@@ -262,13 +262,21 @@ def test_claims_stop_at_max_dispatched_until_tasks_start(settings, starts):
     assert len(claim_due(20)) == 5
 
 
-def test_claims_pause_while_a_claimed_task_waits_more_than_half_its_ttr(starts):
-    TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": i, "delay": -1} for i in range(10)])
-    [waiting] = claim_due(1)
-    assert len(claim_due(1)) == 1  # recently claimed: the workers keep up
-    # The first claim has now waited 0.6 of its TTR for a worker: the workers are saturated.
-    sql("UPDATE timeouts_task SET lease_until = now() + ttr * interval '0.4 second' WHERE job_id = %s",
-        [waiting.job_id])
+def test_claims_pause_while_a_batch_of_claims_waits_more_than_half_its_ttr(starts):
+    TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": i, "delay": -1} for i in range(20)])
+    waiting = claim_due(5)
+    assert len(claim_due(5)) == 5  # recently claimed: the workers keep up
+
+    def age(claims, fraction_of_ttr_left):
+        sql("UPDATE timeouts_task SET lease_until = now() + ttr * %s * interval '1 second' WHERE job_id = ANY(%s)",
+            [fraction_of_ttr_left, [c.job_id for c in claims]])
+
+    # Five claims have waited 0.6 of their TTR for a worker: a batch's worth, the workers are saturated.
+    age(waiting, 0.4)
     assert claim_due(5) == []
-    assert run_message(waiting) == "done"
+    assert run_message(waiting[0]) == "done"
+    assert len(claim_due(5)) == 5  # four old ones are fewer than a batch
+
+    # A lost message (its lease ran out) is for lease recovery; it never pauses claiming.
+    age(waiting[1:], -0.1)
     assert len(claim_due(5)) == 5
