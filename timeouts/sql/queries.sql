@@ -156,9 +156,13 @@ WHERE job_id = %(job_id)s AND action_time = %(action_time)s;
 
 
 -- name: finish_task
+-- Committed without waiting for the WAL flush (synchronous_commit off, for this statement's own
+-- transaction only): if a database crash loses it, the task is still RUNNING, its lease runs out
+-- and it runs again: at least once still holds, and the worker saves a disk flush per task. The
+-- start (start_task) stays durable: a cancel() must never succeed after a handler started.
 UPDATE timeouts_task
 SET status = 2, finished_at = c.now, modified_at = c.now, lease_until = NULL
-FROM (SELECT clock_timestamp() AS now) AS c
+FROM (SELECT clock_timestamp() AS now, set_config('synchronous_commit', 'off', true)) AS c
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status = 4 AND attempts = %(attempt)s
 RETURNING job_id;
 
