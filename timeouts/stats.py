@@ -15,7 +15,7 @@ The table may hold tens of millions of rows, so nothing here counts a large set 
 import json
 import math
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.core.exceptions import EmptyResultSet
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -265,7 +265,15 @@ def format_report(data) -> str:
     lines.append("")
     lines.append("Partitions (estimated rows from the statistics; size with indexes):")
     for p in data["partitions"]:
-        span = "DEFAULT" if p["default"] else f"{p['lower'] or 'MINVALUE'} .. {p['upper'] or 'MAXVALUE'}"
+        span = "DEFAULT" if p["default"] else f"{_short(p['lower'], 'MINVALUE')} .. {_short(p['upper'], 'MAXVALUE')}"
         rows_text = "?" if p["estimated_rows"] is None else f"~{p['estimated_rows']:,}"
-        lines.append(f"  {p['name']:<28} {span:<52} {rows_text:>14} {human_bytes(p['bytes']):>10}")
+        lines.append(f"  {p['name']:<26} {span:<45} {rows_text:>12} {human_bytes(p['bytes']):>10}")
     return "\n".join(lines) + "\n"
+
+
+def _short(iso, missing):
+    """'2026-11-21T00:00:00+00:00' -> '2026-11-21 00:00 UTC'."""
+    if iso is None:
+        return missing
+    moment = datetime.fromisoformat(iso)
+    return f"{moment:%Y-%m-%d %H:%M} {moment.tzname() or ''}".strip()

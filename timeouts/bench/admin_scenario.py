@@ -71,7 +71,7 @@ def _biz_type_case():
     branches, upto = [], 0
     for name, share in BIZ_TYPES:
         upto += share
-        branches.append(f"WHEN (g * 7 + r) %% 10000 < {upto} THEN '{name}'")
+        branches.append(f"WHEN (g * 48271 %% 2147483647) %% 10000 < {upto} THEN '{name}'")
     return "CASE " + " ".join(branches) + " END"
 
 
@@ -181,6 +181,7 @@ def scenarios(connection):
     pages += [("status = pending, oldest first", base + "?status=0&o=5"),
               ("status = done, oldest first", base + "?status=2&o=5")]
     pages += [(f"biz_type = {name}", f"{base}?biz_type={name}") for name in ("order.close", "audit.rare")]
+    pages += [("biz_type with no task", f"{base}?biz_type=no.such.type")]
     pages += [(f"due: {value}", f"{base}?due={value}") for value in ("overdue", "next_hour", "today")]
     pages += [("dead + biz_type", base + "?status=5&biz_type=order.close"),
               ("pending + biz_type", base + "?status=0&biz_type=order.close"),
