@@ -70,6 +70,7 @@ TIMEOUTS = {
     "PARTITION_INTERVAL": os.environ.get("TIMEOUTS_PARTITION_INTERVAL", "day"),
     "RETENTION": timedelta(days=7),
     "SCAN_INTERVAL": float(os.environ.get("TIMEOUTS_SCAN_INTERVAL", "5")),
+    "MAX_DISPATCHED": int(os.environ.get("TIMEOUTS_MAX_DISPATCHED", "1000")),
 }
 
 # Celery: JSON only, acknowledged after the handler ran, one message prefetched per process (a

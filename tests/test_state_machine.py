@@ -235,7 +235,8 @@ def test_cancel_follows_a_row_moved_by_a_concurrent_reschedule():
     assert stored.status == Status.CANCELLED and stored.action_time > scheduled_for + timedelta(days=4)
 
 
-def test_two_claimers_never_share_a_task():
+def test_two_claimers_never_share_a_task(settings):
+    settings.TIMEOUTS = {"MAX_DISPATCHED": 100_000}  # no workers here: claims are never started
     TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": i, "delay": -1} for i in range(2000)])
     claimed = [[], []]
     barrier = threading.Barrier(2)

@@ -119,8 +119,14 @@ def _publish(ctx, procs, path) -> dict:
         return {"n": cfg.n_drain, "claimed": cfg.n_drain, **out, "claim_per_s": out["sched_per_s"]}
     out = schedule_bulk(ctx.alias, times, chunk=cfg.bulk_chunk)
     ctx.conn.execute("ANALYZE timeouts_task")
-    target = min(cfg.n_drain, get_settings().MAX_DISPATCHED)
-    _start_path(ctx, procs, path)
+    # Without workers, backpressure would stop the claimer at MAX_DISPATCHED: lift it, so this
+    # measures the path's own claim+publish rate over the whole backlog.
+    target = cfg.n_drain
+    procs.env["TIMEOUTS_MAX_DISPATCHED"] = str(cfg.n_drain + 1)
+    try:
+        _start_path(ctx, procs, path)
+    finally:
+        procs.env.pop("TIMEOUTS_MAX_DISPATCHED", None)
 
     def claimed():
         return ctx.conn.execute("SELECT count(*) FROM timeouts_task WHERE biz_type = %s AND status = 1",
