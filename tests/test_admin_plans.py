@@ -126,7 +126,7 @@ def test_the_data_spans_many_partitions(partitioned_data):
     assert partitioned_data["partitions"] >= 31  # 30 days and DEFAULT
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(DISTINCT tableoid) FROM timeouts_task")
-        assert cursor.fetchone()[0] == 30
+        assert cursor.fetchone()[0] >= 30
 
 
 @pytest.mark.parametrize("params", list(CASES))
