@@ -56,7 +56,9 @@ WSGI_APPLICATION = "project.wsgi.application"
 
 DATABASES = {
     "default": dj_database_url.parse(
-        os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/timeouts"), conn_max_age=600
+        os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/timeouts"),
+        conn_max_age=600,
+        conn_health_checks=True,
     )
 }
 DATABASES["default"]["TEST"] = {"NAME": os.environ.get("TIMEOUTS_TEST_DB", "test_timeouts")}
@@ -82,6 +84,9 @@ CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Without it Celery closes the database connection around every task, and each timeouts.run opens a
+# new one (timeouts.W004). CONN_MAX_AGE and CONN_HEALTH_CHECKS above then decide when to replace it.
+CELERY_DB_REUSE_MAX = 1000
 
 
 def broker_transport_options(url):

@@ -111,3 +111,15 @@ def test_check_command_shows_the_messages():
     expected = r"\(timeouts\.E003\) TIMEOUTS setting: NOTIFY_CHANNEL must be"
     with override_settings(TIMEOUTS={"NOTIFY_CHANNEL": "x" * 70}), pytest.raises(SystemCheckError, match=expected):
         call_command("check")
+
+
+def test_a_worker_that_reconnects_for_every_task_is_warned_about(settings, monkeypatch):
+    from django.db import connections
+
+    assert "timeouts.W004" not in ids(checks.check_celery())  # the project keeps its connections
+    settings.CELERY_DB_REUSE_MAX = None
+    assert ids(checks.check_celery()) == ["timeouts.W004"]
+    settings.CELERY_DB_REUSE_MAX = 1000
+    monkeypatch.setitem(connections.settings["default"], "CONN_MAX_AGE", 0)
+    [problem] = checks.check_celery()
+    assert problem.id == "timeouts.W004" and "CONN_MAX_AGE is 0" in problem.msg

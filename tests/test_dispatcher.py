@@ -173,6 +173,29 @@ def test_waiting_for_far_away_tasks_costs_almost_nothing():
     assert cpu < 0.01
 
 
+@pytest.mark.timeout(90)
+def test_a_backlog_held_back_by_backpressure_does_not_spin_the_dispatcher(worker, starts, settings):
+    """A backlog larger than MAX_DISPATCHED: each start frees room for one more claim. The dispatcher
+    must wait a little and claim what freed up in chunks, not chase every start with a claim of its
+    own: that hot loop of tiny claims took a CPU of the database from the workers it waited for."""
+    settings.TIMEOUTS = {**settings.TIMEOUTS, "MAX_DISPATCHED": 50}
+    now = datetime.now(timezone.utc)
+    TimeoutTask.objects.bulk_schedule(
+        [{"biz_type": "test.record", "biz_id": i, "at": now - timedelta(seconds=1)} for i in range(3000)])
+    with dispatcher_thread() as dispatcher:
+        assert dispatcher.stats.wait_for(lambda s: s.claimed >= 200, 30)
+        before, started = dispatcher.stats.snapshot(), time.monotonic()
+        time.sleep(3)
+        after, elapsed = dispatcher.stats.snapshot(), time.monotonic() - started
+    wakeups = after["wakeups"] - before["wakeups"]
+    claimed = after["claimed"] - before["claimed"]
+    print(f"held back: {wakeups / elapsed:.1f} claims/s, {claimed / max(wakeups, 1):.1f} tasks per claim")
+    assert claimed > 0  # the backlog moved
+    # Backing off to 50-100 ms between claims makes at most ~13 a second; chasing each start made 25+
+    # here, and far more when the database was the busy one.
+    assert wakeups / elapsed <= 15
+
+
 def _thread_cpu(thread) -> float:
     for info in psutil.Process().threads():
         if info.id == thread.native_id:

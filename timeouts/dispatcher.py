@@ -86,9 +86,11 @@ class Dispatcher:
         self.db_offset = 0.0  # database epoch seconds minus local clock, measured at each read
         self.next_read = 0.0
         self.not_before = 0.0  # no claims before this (backing off a busy row or a failing broker)
-        self.empty_claims = 0  # wake-ups in a row that found a due task but claimed nothing
+        self.empty_claims = 0  # wake-ups in a row that left tasks due after a batch that was not full
         self.reconnect_backoff = Backoff(first=0.05, cap=5.0)
-        self.contention_backoff = Backoff(first=0.01, cap=1.0)
+        # Short: a claim held back by backpressure waits here while workers drain the broker, and the
+        # broker must not run dry meanwhile (MAX_DISPATCHED tasks last far longer than the cap).
+        self.contention_backoff = Backoff(first=0.01, cap=0.1)
         self.broker_backoff = Backoff(first=0.5, cap=10.0)
 
     def run(self):
@@ -206,6 +208,7 @@ class Dispatcher:
             claims = claim_due(self.batch_size, lead=self.lead)
             self.stats.add(queries=1, claimed=len(claims))
             claimed += len(claims)
+            full = len(claims) == self.batch_size
             try:
                 published += publish_bounded(claims, self.publish_timeout)
             except PublishFailed as exc:
@@ -214,7 +217,7 @@ class Dispatcher:
                 self.stats.add(errors=1, publish_failures=1, published=published)
                 logger.error("timeouts.dispatcher: %s; claims released, pausing %.1f s", exc, delay)
                 return
-            if len(claims) < self.batch_size or self.stop.is_set():
+            if not full or self.stop.is_set():
                 break
         self.broker_backoff.reset()
         self.stats.add(published=published)
@@ -222,10 +225,12 @@ class Dispatcher:
         logger.debug("timeouts.dispatcher: woke at the deadline %+.1f ms; claimed %d, published %d in %.1f ms",
                      (started - deadline) * 1000, claimed, published, (self.clock() - started) * 1000)
         self._read_deadline()
-        if claimed == 0 and self.wake_at is not None and self.wake_at <= self.clock():
-            # Due but nothing claimed. Once, that is the clocks' rounding at the edge of the lead:
-            # claim again at once. Again and again, another claimer or a cancel holds the row: let
-            # it finish instead of spinning on it.
+        if not full and self.wake_at is not None and self.wake_at <= self.clock():
+            # Still due after a batch that was not full. Once, that is the clocks' rounding at the
+            # edge of the lead: claim again at once. Again and again, either backpressure holds the
+            # claims back (MAX_DISPATCHED unstarted: the workers are the bottleneck) or another
+            # claimer or a cancel holds the rows: let them move on instead of spinning a hot loop
+            # of tiny claims, which starves the very workers and database it waits for.
             self.empty_claims += 1
             if self.empty_claims > 1:
                 self.not_before = self.clock() + self.contention_backoff.next_delay()

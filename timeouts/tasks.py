@@ -1,12 +1,18 @@
 """The Celery tasks of timeouts. Names are part of the public contract."""
 
 from celery import shared_task
+from django.db import close_old_connections
 
 from . import partitions, recovery, running, scan as scanning
+
+# Each task starts with close_old_connections(), as Django starts a request: when the host lets
+# Celery keep connections (CELERY_DB_REUSE_MAX), a connection that broke or outlived CONN_MAX_AGE is
+# replaced here rather than failing the task. Without reuse, Celery has closed them already.
 
 
 @shared_task(name="timeouts.scan", ignore_result=True)
 def scan():
+    close_old_connections()
     return scanning.scan()
 
 
@@ -14,11 +20,13 @@ def scan():
 # compare-and-set then drops it if the attempt had already started (lease recovery retries that).
 @shared_task(name="timeouts.run", ignore_result=True, acks_late=True, reject_on_worker_lost=True)
 def run(job_id, action_time, attempt):
+    close_old_connections()
     return running.run(job_id, action_time, attempt)
 
 
 @shared_task(name="timeouts.maintain", ignore_result=True)
 def maintain():
+    close_old_connections()
     report = partitions.maintain()
     recovery.recover_expired()
     return report.summary()
