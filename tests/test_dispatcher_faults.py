@@ -3,18 +3,12 @@ silent, a broker that stops answering, and SIGTERM in the middle of dispatching.
 
 import base64
 import json
-import os
-import shutil
 import signal
 import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from contextlib import suppress
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -23,6 +17,7 @@ from django.conf import settings
 from django.db import connection
 
 from tests import processes
+from tests.reliability.clusters import ThrowawayPostgres, postgres_available
 from tests.test_dispatcher import (
     ON_TIME,
     dispatcher_backends,
@@ -40,8 +35,6 @@ from timeouts.scheduling import prepare
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
 @pytest.mark.timeout(60)
@@ -177,41 +170,10 @@ def _run_one(url, biz_id, timeout=10) -> float:
 def throwaway_database():
     """A PostgreSQL cluster of its own (initdb in a temp dir, run as the postgres user, on a free
     port), migrated; yields (url, restart) and always stops the cluster and deletes the dir."""
-    if os.geteuid() != 0 or not PG_BIN.exists():
+    if not postgres_available():
         pytest.skip("needs root (to run PostgreSQL as the postgres user) and PostgreSQL 15's binaries")
-    base = Path(tempfile.mkdtemp(prefix="timeouts-pg-"))
-    shutil.chown(base, "postgres", "postgres")
-    data, port = base / "data", _free_port()
-
-    def pg_ctl(*args):
-        _as_postgres(PG_BIN / "pg_ctl", "-D", data, "-l", base / "server.log", "-w", "-t", "60", *args)
-
-    try:
-        _as_postgres(PG_BIN / "initdb", "-D", data, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync",
-                     "--no-instructions")
-        pg_ctl("-o", f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
-        url = f"postgres://postgres@127.0.0.1:{port}/timeouts"
-        with psycopg.connect(f"postgres://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
-            conn.execute("CREATE DATABASE timeouts")
-        subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], env=processes.django_env(DATABASE_URL=url),
-                       cwd=processes.ROOT, check=True, timeout=120)
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(TABLE_SQL)
-        yield url, lambda: pg_ctl("-m", "immediate", "restart")
-    finally:
-        subprocess.run(["runuser", "-u", "postgres", "--", PG_BIN / "pg_ctl", "-D", data, "-m", "immediate", "-w",
-                        "stop"], capture_output=True, timeout=60)
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def _as_postgres(*args):
-    subprocess.run(["runuser", "-u", "postgres", "--", *args], check=True, capture_output=True, timeout=120)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    with ThrowawayPostgres(extra_sql=[TABLE_SQL]) as cluster:
+        yield cluster.url, cluster.restart
 
 
 class FreezableProxy:

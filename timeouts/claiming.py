@@ -8,9 +8,9 @@ two claimers never get the same task.
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import connection
+from django.db import connection, transaction
 
-from . import events
+from . import events, faults
 from .conf import get_settings, notify_params
 from .queries import execute, fetch_dicts
 from .retry import retry_on_conflict
@@ -42,7 +42,12 @@ def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
     if connection.in_atomic_block:
         raise RuntimeError("claim_due() must commit before publishing: call it outside transaction.atomic()")
     params = {"limit": limit, "lead": float(lead), "max_dispatched": get_settings().MAX_DISPATCHED}
-    rows = events.dispatched(retry_on_conflict(lambda: fetch_dicts("claim_due", params)))
+    claim = lambda: fetch_dicts("claim_due", params)
+    if faults.ARMED and faults.armed("claim.before_commit"):
+        claim = _faulting_before_commit(claim)  # tests only: never a transaction when unarmed
+    rows = events.dispatched(retry_on_conflict(claim))
+    if rows:
+        faults.fault("claim.after_commit")
     return sorted(
         (
             Claim(
@@ -53,6 +58,19 @@ def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
         ),
         key=lambda claim: claim.run_at,
     )
+
+
+def _faulting_before_commit(claim):
+    """The claim inside a transaction, with the `claim.before_commit` fault point before its commit."""
+
+    def claim_then_fault():
+        with transaction.atomic():
+            rows = claim()
+            if rows:
+                faults.fault("claim.before_commit")
+            return rows
+
+    return claim_then_fault
 
 
 def release(claims):

@@ -10,6 +10,7 @@ import logging
 
 from kombu.utils.uuid import uuid
 
+from . import faults
 from .claiming import release
 from .registry import find_handler
 
@@ -50,6 +51,7 @@ def publish(claims) -> int:
                 )
                 amqp.send_task_message(producer, run.name, message, retry=True, retry_policy=RETRY_POLICY,
                                        **routes[queue])
+                faults.fault("publish.after_send")  # tests: a send that worked but reports a failure
                 sent += 1
     except Exception:
         # The failing message may or may not have reached the broker: releasing it is still safe,

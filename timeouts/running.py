@@ -6,7 +6,7 @@ import time
 import traceback
 from datetime import datetime
 
-from . import events
+from . import events, faults
 from .conf import notify_params
 from .models import TimeoutTask
 from .queries import fetch_one
@@ -35,6 +35,7 @@ def run(job_id: int, action_time: str, attempt: int) -> str:
         logger.info("timeouts: dropped stale message for job %s attempt %s", job_id, attempt)
         return "dropped"
     events.started(task, attempt)
+    faults.fault("run.after_start")
     try:
         get_handler(task.biz_type)(task)
     except Exception:
@@ -44,7 +45,9 @@ def run(job_id: int, action_time: str, attempt: int) -> str:
         outcome = "lost" if row is None else ("dead" if row["status"] == TimeoutTask.Status.DEAD else "retry")
         logger.warning("timeouts: %s attempt %s failed (%s)", task, attempt, outcome, exc_info=True)
         return events.ran(task, outcome)
+    faults.fault("run.before_done")
     row = retry_on_conflict(lambda: fetch_one("finish_task", {**key, "attempt": attempt}))
+    faults.fault("run.after_done")
     if row is None:
         # The lease ran out and recovery moved the task on: another attempt will run.
         logger.warning("timeouts: %s finished after its lease expired", task)

@@ -7,6 +7,7 @@ import time
 
 import timeouts
 
+from . import oracle_handlers  # noqa: F401  (registers the reliability scenarios' handlers)
 from .recorder import record
 
 

@@ -1,0 +1,13 @@
+"""Django settings of the system-under-test processes the reliability scenarios start (workers,
+dispatchers, scan loops): the test settings, plus a Redis visibility timeout from the environment
+(TIMEOUTS_TEST_VISIBILITY_TIMEOUT, seconds), so a scenario can see Redis redeliver the unacknowledged
+message of a worker that died within seconds instead of kombu's default hour."""
+
+import os
+
+from tests.settings import *
+
+_visibility_timeout = os.environ.get("TIMEOUTS_TEST_VISIBILITY_TIMEOUT")
+if _visibility_timeout and CELERY_BROKER_URL.startswith("redis"):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {**CELERY_BROKER_TRANSPORT_OPTIONS,
+                                       "visibility_timeout": float(_visibility_timeout)}
