@@ -14,7 +14,7 @@ process group of its own, pointed at a database URL, a broker URL and the oracle
 Children get DJANGO_SETTINGS_MODULE=tests.reliability.settings, DATABASE_URL, the broker URL,
 TIMEOUTS_ORACLE_DSN, TIMEOUTS_SCAN_INTERVAL, TIMEOUTS_FAULTS (only where `faults=` is given) and
 TIMEOUTS_FAULTS_LOG (`system.fault_log`; `system.fired(point)` reads it). Logs go to `log_dir`,
-one file per process name; `system.log_count(text)` counts a line pattern across them.
+one file per process name; `system.log_count(text)` counts the lines that contain it.
 """
 
 import os
@@ -162,6 +162,14 @@ class System:
         finally:
             client.close()
 
+    def unacked(self) -> set:
+        """Delivery tags of the messages delivered to some worker and not acknowledged yet."""
+        client = self.redis()
+        try:
+            return set(client.hkeys("unacked"))
+        finally:
+            client.close()
+
     def wait_broker_drained(self, timeout=60):
         processes.wait_for(lambda: self.broker_backlog() == (0, 0), timeout, interval=0.2,
                            message="the broker's queue and unacked messages to drain")
@@ -215,7 +223,11 @@ class System:
         return fault_points.fired(self.fault_log, point)
 
     def log_count(self, text) -> int:
-        return sum(path.read_text(errors="replace").count(text) for path in self.log_dir.glob("*.log"))
+        """Log lines that contain `text`, in every log. A worker writes each `timeouts` record twice:
+        bare, through the Django LOGGING handler, and as "[date: LEVEL/process] ..." through Celery's
+        root logger; only the bare copies count."""
+        return sum(text in line and not line.startswith("[") for path in self.log_dir.glob("*.log")
+                   for line in path.read_text(errors="replace").splitlines())
 
     @staticmethod
     def tail(process, chars=2000) -> str:
