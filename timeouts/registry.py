@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .errors import InvalidBizType, UnknownBizType
+from .validation import describe
 
 BIZ_TYPE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
@@ -26,7 +27,7 @@ _handlers: dict[str, Handler] = {}
 
 def check_biz_type(biz_type) -> str:
     if not isinstance(biz_type, str) or not BIZ_TYPE_RE.fullmatch(biz_type):
-        raise InvalidBizType(f"biz_type must be 1 to 64 characters of [A-Za-z0-9_.:-], got {biz_type!r}")
+        raise InvalidBizType(f"biz_type must be 1 to 64 characters of [A-Za-z0-9_.:-], got {describe(biz_type)}")
     return biz_type
 
 

@@ -13,12 +13,18 @@ from .errors import InvalidAttribute, InvalidBizId, InvalidOption, InvalidTime
 
 MAX_BIZ_ID_LENGTH = 255
 MAX_ATTRIBUTE_DEPTH = 64
+# A delay is added to the database clock, and the row must still be readable as a Python datetime
+# (years 1 to 9999). The margin covers any skew between the application's and the database's clocks.
+DELAY_CLOCK_MARGIN = timedelta(days=1)
 ON_CONFLICT = (None, "error", "replace", "keep")
 
 
 def biz_id(value) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int, uuid.UUID)):
         raise InvalidBizId(f"biz_id must be a str, int or UUID, got {type(value).__name__}")
+    if isinstance(value, int) and value.bit_length() > 4 * MAX_BIZ_ID_LENGTH:
+        # Far more than 255 digits; and str() refuses ints of over 4300 digits with a plain ValueError.
+        raise InvalidBizId(f"biz_id is an int of {value.bit_length()} bits: over {MAX_BIZ_ID_LENGTH} characters")
     text = str(value)
     if not text:
         raise InvalidBizId("biz_id must not be empty")
@@ -26,7 +32,32 @@ def biz_id(value) -> str:
         raise InvalidBizId(f"biz_id is {len(text)} characters long; the limit is {MAX_BIZ_ID_LENGTH}")
     if "\x00" in text:
         raise InvalidBizId("biz_id must not contain NUL (\\u0000): PostgreSQL text cannot store it")
+    if not _encodable(text):
+        raise InvalidBizId("biz_id holds a lone surrogate (\\ud800-\\udfff), which UTF-8 cannot encode")
     return text
+
+
+def describe(value) -> str:
+    """A rejected value for an error message. Not plain repr(): it fails for an int of over 4300 digits,
+    may be huge, and a custom object's may raise anything."""
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, float):
+        return float.__repr__(value)
+    if isinstance(value, str) or (isinstance(value, int) and value.bit_length() <= 256):
+        text = str.__repr__(value) if isinstance(value, str) else int.__repr__(value)
+        return text if len(text) <= 100 else f"{text[:100]}... ({len(text)} characters)"
+    if isinstance(value, int):
+        return f"an int of {value.bit_length()} bits"
+    return f"a value of type {type(value).__name__}"
+
+
+def _encodable(text) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def action_time(at=None, delay=None):
@@ -52,12 +83,17 @@ def action_time(at=None, delay=None):
     if isinstance(delay, bool) or not isinstance(delay, (timedelta, int, float)):
         raise InvalidTime(f"delay must be a timedelta or a number of seconds, got {type(delay).__name__}")
     if isinstance(delay, (int, float)):
-        if not math.isfinite(delay):
+        if isinstance(delay, float) and not math.isfinite(delay):  # (isfinite() of a huge int overflows)
             raise InvalidTime(f"delay must be a finite number of seconds, got {delay!r}")
         try:
             delay = timedelta(seconds=delay)
         except OverflowError:
-            raise InvalidTime(f"delay of {delay!r} seconds is out of range") from None
+            raise InvalidTime(f"delay={describe(delay)} (seconds) is out of range") from None
+    now = datetime.now(timezone.utc)
+    earliest = datetime.min.replace(tzinfo=timezone.utc) + DELAY_CLOCK_MARGIN - now
+    latest = datetime.max.replace(tzinfo=timezone.utc) - DELAY_CLOCK_MARGIN - now
+    if not earliest <= delay <= latest:
+        raise InvalidTime(f"delay={delay!r} puts the task outside the years 1 to 9999")
     return None, delay
 
 
@@ -68,7 +104,10 @@ def attribute(value, max_bytes) -> str:
     if not isinstance(value, dict):
         raise InvalidAttribute(f"attribute must be a JSON object (a dict), got {type(value).__name__}")
     _check_json(value, "attribute", 0)
-    text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except ValueError as exc:  # an int of more digits than int -> str allows (sys.get_int_max_str_digits)
+        raise InvalidAttribute(f"attribute cannot be written as JSON: {exc}") from None
     size = len(text.encode())
     if size > max_bytes:
         raise InvalidAttribute(f"attribute is {size} bytes as JSON; MAX_ATTRIBUTE_BYTES is {max_bytes}")
@@ -88,12 +127,16 @@ def _check_json(value, path, depth):
     elif isinstance(value, str):
         if "\x00" in value:
             raise InvalidAttribute(f"{path} contains NUL (\\u0000), which jsonb cannot store")
+        if not _encodable(value):
+            raise InvalidAttribute(f"{path} holds a lone surrogate, which UTF-8 (and jsonb) cannot encode")
     elif isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise InvalidAttribute(f"{path} has the key {key!r}: JSON object keys must be str")
+                raise InvalidAttribute(f"{path} has the key {describe(key)}, not a str: JSON object keys are str")
             if "\x00" in key:
                 raise InvalidAttribute(f"{path} has a key containing NUL (\\u0000)")
+            if not _encodable(key):
+                raise InvalidAttribute(f"{path} has a key holding a lone surrogate, which UTF-8 cannot encode")
             _check_json(item, f"{path}[{key!r}]", depth + 1)
     elif isinstance(value, list):
         for index, item in enumerate(value):
@@ -104,5 +147,5 @@ def _check_json(value, path, depth):
 
 def on_conflict(value):
     if value not in ON_CONFLICT:
-        raise InvalidOption(f'on_conflict must be None, "error", "replace" or "keep", got {value!r}')
+        raise InvalidOption(f'on_conflict must be None, "error", "replace" or "keep", got {describe(value)}')
     return value
