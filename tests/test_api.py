@@ -190,6 +190,9 @@ def test_bulk_schedule_is_all_or_nothing_and_names_the_bad_item():
         TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": 1, "when": 5}])
     with pytest.raises(timeouts.TimeoutsError, match="item 0"):
         TimeoutTask.objects.bulk_schedule(["not a dict"])
+    for not_a_list in (None, 42, "abc", {"biz_type": "test.record", "biz_id": 1, "delay": 5}):
+        with pytest.raises(timeouts.TimeoutsError, match="iterable of dicts"):
+            TimeoutTask.objects.bulk_schedule(not_a_list)
     assert TimeoutTask.objects.count() == 0
 
 

@@ -100,6 +100,8 @@ def _schedule_keyed(model, new: NewTask, using):
 
 def bulk_schedule(model, items, *, using="default") -> int:
     """Schedule every item or none; returns how many tasks were created."""
+    if isinstance(items, (str, bytes, dict)) or not hasattr(items, "__iter__"):
+        raise TimeoutsError(f"bulk_schedule() takes an iterable of dicts, got {type(items).__name__}")
     prepared = []
     for index, item in enumerate(items):
         if not isinstance(item, dict):
