@@ -136,3 +136,26 @@ def test_lease_expiry_redispatches_a_task_whose_worker_was_killed(worker, starts
     assert [r[1] for r in starts.all()] == [1, 2]
     done = TimeoutTask.objects.get(job_id=task.job_id)
     assert (done.status, done.attempts) == (Status.DONE, 2) and "lease" in done.last_error
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_whose_database_session_dies_after_the_handler_still_records_done(broker, starts):
+    """The handler ran; before DONE is written the worker's session is terminated (a failover, a
+    restart, an idle-session killer). The worker reconnects and writes DONE, instead of leaving the
+    task RUNNING until its lease runs out and running the handler again."""
+    from project.celery import app
+
+    env = processes.django_env(TIMEOUTS_FAULTS="run.before_done=sleep:2")
+    worker = processes.celery_worker(env=env, name="worker-session-killed")
+    try:
+        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
+        task = TimeoutTask.objects.schedule("test.record", "session", delay=0)
+        scan_until(lambda: starts.count() == 1, 30, "the handler to start")
+        with connection.cursor() as cursor:  # every other session on the test database, the worker's too
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                           "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        processes.wait_for(lambda: TimeoutTask.objects.get(pk=task.pk).status == Status.DONE, 30,
+                           message="the task to be DONE without waiting for its lease (60 s)")
+        assert starts.count() == 1 and TimeoutTask.objects.get(pk=task.pk).attempts == 1
+    finally:
+        processes.stop(worker)

@@ -281,3 +281,18 @@ def test_claims_pause_while_a_batch_of_claims_waits_more_than_half_its_ttr(start
     # A lost message (its lease ran out) is for lease recovery; it never pauses claiming.
     age(waiting[1:], -0.1)
     assert len(claim_due(5)) == 5
+
+
+def test_the_saturation_pause_also_works_when_max_dispatched_is_below_a_batch(settings, starts):
+    # Found by the database-fault scenarios: the guard counted at most MAX_DISPATCHED claims and
+    # compared them with the batch size, so with MAX_DISPATCHED < SCAN_BATCH_SIZE it never paused.
+    settings.TIMEOUTS = {"MAX_DISPATCHED": 10}
+    TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": i, "delay": -1} for i in range(40)])
+    waiting = claim_due(500)
+    assert len(waiting) == 10
+    assert run_message(waiting[0]) == "done"  # room for one more claim
+    sql("UPDATE timeouts_task SET lease_until = now() + ttr * 0.4 * interval '1 second' WHERE job_id = ANY(%s)",
+        [[c.job_id for c in waiting[1:]]])
+    # Nine claims have waited 0.6 of their TTR: at least half of MAX_DISPATCHED, so the workers are
+    # saturated, whatever the batch size.
+    assert claim_due(500) == []

@@ -6,6 +6,8 @@ import time
 import traceback
 from datetime import datetime
 
+from django.db import InterfaceError, OperationalError, connection
+
 from . import events, faults
 from .conf import notify_params
 from .models import TimeoutTask
@@ -19,6 +21,9 @@ MAX_BACKOFF = 3600.0  # seconds
 MAX_ERROR_LENGTH = 20_000
 # A message that arrives this much before its run_at is stale (the task was rescheduled), not early.
 MAX_EARLY_WAIT = 5.0
+# Seconds between attempts to record a handler's outcome after the connection broke: the handler has
+# run, and a task left RUNNING would run again once its lease is out.
+OUTCOME_RETRY_DELAYS = (0.2, 1.0, 3.0)
 
 
 def backoff_seconds(attempt: int) -> float:
@@ -41,18 +46,36 @@ def run(job_id: int, action_time: str, attempt: int) -> str:
     except Exception:
         error = traceback.format_exc()[-MAX_ERROR_LENGTH:]
         params = {**key, "attempt": attempt, "error": error, "backoff": backoff_seconds(attempt), **notify_params()}
-        row = retry_on_conflict(lambda: fetch_one("fail_task", params))
+        row = record_outcome("fail_task", params)
         outcome = "lost" if row is None else ("dead" if row["status"] == TimeoutTask.Status.DEAD else "retry")
         logger.warning("timeouts: %s attempt %s failed (%s)", task, attempt, outcome, exc_info=True)
         return events.ran(task, outcome)
     faults.fault("run.before_done")
-    row = retry_on_conflict(lambda: fetch_one("finish_task", {**key, "attempt": attempt}))
+    row = record_outcome("finish_task", {**key, "attempt": attempt})
     faults.fault("run.after_done")
     if row is None:
         # The lease ran out and recovery moved the task on: another attempt will run.
         logger.warning("timeouts: %s finished after its lease expired", task)
         return "lost"
     return events.ran(task, "done")
+
+
+def record_outcome(query: str, params: dict):
+    """finish_task or fail_task, again on a new connection if the connection broke (a killed
+    session, a restarted or failed-over server): the handler has run, and a task left RUNNING would
+    run again when its lease ran out. Repeating is safe: both match only this attempt's RUNNING row.
+    If a COMMIT's answer was lost, the retry matches nothing and the task counts as "lost", which
+    is only a label: the outcome is in the database."""
+    for delay in OUTCOME_RETRY_DELAYS:
+        try:
+            return retry_on_conflict(lambda: fetch_one(query, params))
+        except (OperationalError, InterfaceError) as exc:
+            if connection.in_atomic_block:
+                raise
+            logger.warning("timeouts: recording %s failed (%s); reconnecting in %.1f s", query, exc, delay)
+            connection.close()
+            time.sleep(delay)
+    return retry_on_conflict(lambda: fetch_one(query, params))  # the last try: its error propagates
 
 
 def start(key: dict, attempt: int):

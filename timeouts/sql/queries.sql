@@ -90,15 +90,16 @@ RETURNING timeouts_task.*, timeouts_notify_v1(%(channel)s, c.now, c.now) AS noti
 -- oldest first, skipping rows another claimer or a cancel holds. A claim takes a lease of the
 -- task's TTR; attempts is counted when the handler starts, not here.
 -- Backpressure, so a backlog waits here and not in the broker (where leases would expire and the
--- tasks be published again): no claims while a batch's worth of claimed tasks have waited more than
--- half their TTR for a worker (the workers are saturated; a few lost messages are not a backlog,
+-- tasks be published again): no claims while a batch's worth (or half of max_dispatched, if less:
+-- only that many are counted) of claimed tasks have waited more than half their TTR for a worker
+-- (the workers are saturated; a few lost messages are not a backlog,
 -- and expired leases are lease recovery's business), and never more than max_dispatched claimed
 -- but not started (two claimers at once may overshoot by a batch). One index scan serves both: the
 -- lease index returns the oldest claims first.
 WITH dispatched AS (
     SELECT count(*) AS n,
            count(*) FILTER (WHERE lease_until > now() AND lease_until < now() + ttr * interval '0.5 second')
-               >= %(limit)s AS saturated
+               >= least(%(limit)s, greatest(1, %(max_dispatched)s / 2)) AS saturated
     FROM (
         SELECT lease_until, ttr FROM timeouts_task
         -- A claimed task was due when claimed: no future partition can hold one.
