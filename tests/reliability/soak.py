@@ -83,6 +83,7 @@ class Soak:
         self.stop = threading.Event()
         self.events = []  # (seconds since start, fault, duplicate bound it adds)
         self.load_errors = 0
+        self.backlog = []  # tasks overdue by over 10 s, sampled at each fault: did the system keep up?
         self.started = time.monotonic()
 
     def run(self) -> dict:
@@ -189,6 +190,7 @@ class Soak:
             if time.monotonic() >= end or not self.faults:
                 return
             fault = random.choice(self.faults)
+            self.backlog.append(self._overdue())
             bound = self._running_now()
             if fault == "restart_postgres":
                 bound += self._finished_in_last_second()
@@ -238,6 +240,13 @@ class Soak:
         except Exception:  # noqa: BLE001  the database is down: nothing can be running a start
             return 0
 
+    def _overdue(self) -> int:
+        try:
+            return self._sut_query("SELECT count(*) FROM timeouts_task WHERE status IN (0, 1) "
+                                   "AND run_at < clock_timestamp() - interval '10 seconds'")[0][0]
+        except Exception:  # noqa: BLE001  the database is down
+            return 0
+
     def _finished_in_last_second(self) -> int:
         try:
             return self._sut_query("SELECT count(*) FROM timeouts_task WHERE status = 2 "
@@ -266,6 +275,9 @@ class Soak:
             "bound_per_million_runs": round(bound * 1e6 / runs, 1) if runs else 0.0,
             "problems": problems, "load_errors": self.load_errors, "settled_seconds": round(settled, 1),
             "max_first_run_lateness_s": round(report.max_lateness(), 3),
+            # Overdue tasks sampled before each fault: if this grows, the load is more than the
+            # workers can start, and tasks still waiting at the end show up as lost and stuck.
+            "overdue_samples_max": max(self.backlog, default=0), "overdue_samples_last": self.backlog[-3:],
         }
         summary["clean"] = not problems and duplicates <= bound
         return {"summary": summary, "events": self.events, "report": str(report)}
