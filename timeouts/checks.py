@@ -11,7 +11,7 @@ mistakes that would otherwise show up later as tasks that never run.
 | timeouts.W001 | warning | no Celery app is loaded with Django |
 | timeouts.W002 | warning | the Celery app's beat_schedule lacks timeouts.scan or timeouts.maintain |
 | timeouts.W003 | warning | a handler's queue is not among the Celery app's task_queues |
-| timeouts.W004 | warning | Celery workers open a new database connection for every task (CELERY_DB_REUSE_MAX unset, or CONN_MAX_AGE 0) |
+| timeouts.W004 | warning | a new database connection per Celery task (CELERY_DB_REUSE_MAX unset, CONN_MAX_AGE 0) |
 """
 
 from datetime import timedelta

@@ -84,6 +84,7 @@ class Soak:
         self.events = []  # (seconds since start, fault, duplicate bound it adds)
         self.load_errors = 0
         self.backlog = []  # tasks overdue by over 10 s, sampled at each fault: did the system keep up?
+        self.restarts = {}  # process name -> times it died on its own and was started again
         self.started = time.monotonic()
 
     def run(self) -> dict:
@@ -112,11 +113,12 @@ class Soak:
                 self.stop.set()
                 load.join(60)
             settle_started = time.monotonic()
-            try:
-                system.wait_until_final(timeout=self.args.recovery)
-            except AssertionError as exc:
-                print(f"soak: not settled: {exc}", flush=True)
+            while system.unfinished() and time.monotonic() - settle_started < self.args.recovery:
+                self._supervise()
+                time.sleep(1)
             settled = time.monotonic() - settle_started
+            if system.unfinished():
+                print(f"soak: not settled after {settled:.0f} s: {system.status_counts()}", flush=True)
             from .checker import check
 
             report = check(self.pg.url, oracle_dsn, recovery_window=self.args.recovery)
@@ -189,6 +191,7 @@ class Soak:
                 return
             if time.monotonic() >= end or not self.faults:
                 return
+            self._supervise()
             fault = random.choice(self.faults)
             self.backlog.append(self._overdue())
             bound = self._running_now()
@@ -202,6 +205,18 @@ class Soak:
             at = round(time.monotonic() - self.started, 1)
             self.events.append((at, fault, bound))
             print(f"soak: {at:7.1f} s  {fault:20s} (duplicate bound +{bound})", flush=True)
+
+    def _supervise(self):
+        """Start again any worker or dispatcher that died on its own, as systemd's Restart=always
+        would (a kombu 5.7 worker can exit when Redis goes away: README, "Processes to run")."""
+        for group, start in ((self.workers, lambda name: self.system.worker(name, concurrency=2)),
+                             (self.dispatchers, self.system.dispatcher)):
+            for index, process in enumerate(group):
+                if process.poll() is not None:
+                    self.system.stop(process)
+                    group[index] = start(process.name)
+                    self.restarts[process.name] = self.restarts.get(process.name, 0) + 1
+                    print(f"soak: {process.name} had exited ({process.returncode}); started again", flush=True)
 
     def kill_worker_child(self):
         worker = random.choice(self.workers)
@@ -274,6 +289,7 @@ class Soak:
             "duplicates_per_million_runs": round(duplicates * 1e6 / runs, 1) if runs else 0.0,
             "bound_per_million_runs": round(bound * 1e6 / runs, 1) if runs else 0.0,
             "problems": problems, "load_errors": self.load_errors, "settled_seconds": round(settled, 1),
+            "restarts_after_dying_alone": self.restarts,
             "max_first_run_lateness_s": round(report.max_lateness(), 3),
             # Overdue tasks sampled before each fault: if this grows, the load is more than the
             # workers can start, and tasks still waiting at the end show up as lost and stuck.
