@@ -47,6 +47,7 @@ def test_use_tz_is_required():
     ({"NOTIFY_CHANNEL": "x" * 64}, "NOTIFY_CHANNEL must be a non-empty string of at most 63 bytes"),
     ({"NOTIFY_CHANNEL": "é" * 32}, "at most 63 bytes"),  # 64 bytes in UTF-8
     ({"RETENTION": 7}, "RETENTION must be a non-negative timedelta"),
+    ({"RUN_BATCH_SIZE": 0}, "RUN_BATCH_SIZE must be >= 1, got 0"),
     ({"PARTITION_INTERVAL": "year"}, "PARTITION_INTERVAL must be one of hour, day, week, month"),
     ({"SCAN_INTERVALL": 5}, "unknown key 'SCAN_INTERVALL'"),
 ])

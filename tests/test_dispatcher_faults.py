@@ -106,11 +106,15 @@ def test_sigterm_stops_promptly_and_leaves_no_claim_without_a_message(broker):
 
 
 def published_job_ids(broker) -> set[int]:
-    """The job ids of the `timeouts.run` messages waiting in the broker (no worker runs here)."""
+    """The job ids of the `timeouts.run` and `timeouts.run_batch` messages waiting in the broker (no worker runs here)."""
     ids = []
     for raw in broker.lrange("celery", 0, -1):
-        args, _kwargs, _embed = json.loads(base64.b64decode(json.loads(raw)["body"]))
-        ids.append(args[0])
+        message = json.loads(raw)
+        args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        if message["headers"]["task"] == "timeouts.run_batch":
+            ids.extend(item[0] for item in args[0])
+        else:
+            ids.append(args[0])
     assert len(ids) == len(set(ids)), "a task was published twice"
     return set(ids)
 

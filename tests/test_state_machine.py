@@ -171,7 +171,7 @@ def test_cancel_waits_for_a_concurrent_start_and_then_loses(starts):
 
     def start_and_hold():
         with transaction.atomic():
-            row = fetch_one("start_task", {"job_id": claim.job_id, "action_time": claim.action_time, "attempt": 1})
+            row = fetch_one("start_task", {"job_id": claim.job_id, "action_time": claim.action_time, "attempt": 1, "lease_extra": 0})
             started.set()
             release.wait(10)
         return row

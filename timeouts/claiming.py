@@ -36,6 +36,10 @@ class Claim:
         stale messages."""
         return [self.job_id, self.action_time.isoformat(), self.attempt]
 
+    def batch_item(self):
+        """One task of a `timeouts.run_batch` message: run_at too, so the worker can wait for it."""
+        return [*self.message_args(), self.run_at.isoformat()]
+
 
 def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
     """Claim up to `limit` PENDING tasks due within `lead` seconds, by the database clock."""

@@ -1,4 +1,5 @@
-"""Handing claimed tasks to Celery: one `timeouts.run` message per task, JSON, on the handler's queue.
+"""Handing claimed tasks to Celery: `timeouts.run` messages (or `timeouts.run_batch` for tasks due
+together), JSON, on the handler's queue.
 
 Only due tasks are published, or tasks due within the dispatcher's short DISPATCH_LEAD: those carry
 a Celery ETA equal to their run_at, so a worker holds them for milliseconds at most. Nothing waits
@@ -12,7 +13,9 @@ from contextlib import nullcontext
 from kombu.utils.uuid import uuid
 
 from . import faults
+from .batches import BUDGET
 from .claiming import release
+from .conf import get_settings
 from .registry import find_handler
 
 logger = logging.getLogger(__name__)
@@ -24,15 +27,15 @@ PIPELINE_SIZE = 500
 
 
 def publish(claims) -> int:
-    """Publish a message per claim; on a broker error, release what was not sent and re-raise.
+    """Publish the claims; on a broker error, release what was not sent and re-raise.
 
-    Messages are built and sent with the same Celery calls `apply_async` makes (so signals, the
-    serializer and the broker options apply), with the routing worked out once per queue instead
-    of once per message, and, on Redis with kombu 5.7+, sent in pipelined batches (one round trip
-    for up to PIPELINE_SIZE messages): publishing, not claiming, bounds how fast a backlog reaches
-    the workers.
+    Claims of one queue and TTR go out together, up to RUN_BATCH_SIZE per `timeouts.run_batch` message (a
+    claim alone: a `timeouts.run` message). Messages are built and sent with the same Celery calls
+    `apply_async` makes (so signals, the serializer and the broker options apply), with the routing
+    worked out once per queue instead of once per message, and, on Redis with kombu 5.7+, sent in
+    pipelined batches (one round trip for up to PIPELINE_SIZE messages).
     """
-    from .tasks import run  # the Celery task; imported late so Django settings load first
+    from .tasks import run, run_batch  # the Celery tasks; imported late so Django settings load first
 
     if run.app.conf.task_always_eager:
         # A host's tests often run Celery eagerly: only apply_async honours that.
@@ -41,22 +44,26 @@ def publish(claims) -> int:
         return len(claims)
     amqp = run.app.amqp
     routes = {}
+    messages = list(_batches(claims, get_settings().RUN_BATCH_SIZE))
     sent = 0
     try:
         with run.app.producer_or_acquire() as producer, _pipelined(producer):
-            for claim in claims:
-                handler = find_handler(claim.biz_type)  # unknown here: the default queue
-                queue = handler.queue if handler is not None else None
+            for (queue, ttr), batch in messages:
                 if queue not in routes:
+                    # Routed as `timeouts.run` whatever the message, so a host's task_routes for it
+                    # apply to batches too.
                     routes[queue] = amqp.router.route({"queue": queue} if queue else {}, run.name)
                 # Celery kills a handler that outlives its lease, so it cannot run on beside the
-                # re-dispatched attempt that lease recovery will start.
-                message = amqp.create_task_message(
-                    uuid(), run.name, claim.message_args(), {}, eta=claim.eta, time_limit=claim.ttr
-                )
-                amqp.send_task_message(producer, run.name, message, retry=True, retry_policy=RETRY_POLICY,
+                # re-dispatched attempt that lease recovery will start. A batch starts its tasks
+                # within BUDGET seconds, and each start adds what is left of it to the lease.
+                if len(batch) == 1:
+                    name, args, time_limit = run.name, batch[0].message_args(), ttr
+                else:
+                    name, args, time_limit = run_batch.name, [[c.batch_item() for c in batch]], ttr + BUDGET
+                message = amqp.create_task_message(uuid(), name, args, {}, eta=batch[0].eta, time_limit=time_limit)
+                amqp.send_task_message(producer, name, message, retry=True, retry_policy=RETRY_POLICY,
                                        **routes[queue])
-        # Leaving the batch flushed it: every message is in the broker now.
+        # Leaving the pipeline flushed it: every message is in the broker now.
         for _ in claims:
             faults.fault("publish.after_send")  # tests: a send that worked but reports a failure
             sent += 1
@@ -64,10 +71,26 @@ def publish(claims) -> int:
         # The failing messages (a whole pipelined batch) may or may not have reached the broker:
         # releasing them is still safe, because only one message per attempt can pass the worker's
         # compare-and-set.
+        in_sending_order = [claim for _, batch in messages for claim in batch]
         logger.exception("timeouts: publishing failed; releasing %d unpublished claims", len(claims) - sent)
-        release(claims[sent:])
+        release(in_sending_order[sent:])
         raise
     return sent
+
+
+def _batches(claims, size):
+    """((queue, ttr), claims) for each message: consecutive claims of one queue and TTR (the TTR sets
+    the message's time limit), at most `size` of them. Claims come ordered by run_at, so a batch
+    starts with its earliest task (the message's ETA)."""
+    open_batches = {}
+    for claim in claims:
+        handler = find_handler(claim.biz_type)  # unknown here: the default queue
+        key = (handler.queue if handler is not None else None, claim.ttr)
+        batch = open_batches.setdefault(key, [])
+        batch.append(claim)
+        if len(batch) == size:
+            yield key, open_batches.pop(key)
+    yield from open_batches.items()
 
 
 def _pipelined(producer):

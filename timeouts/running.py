@@ -32,10 +32,11 @@ def backoff_seconds(attempt: int) -> float:
     return random.uniform(ceiling / 2, ceiling)
 
 
-def run(job_id: int, action_time: str, attempt: int) -> str:
-    """Run one attempt of a task if this message still owns it; returns what happened."""
+def run(job_id: int, action_time: str, attempt: int, lease_extra: float = 0.0) -> str:
+    """Run one attempt of a task if this message still owns it; returns what happened.
+    `lease_extra`: seconds of lease beyond the TTR (a batch's time limit is longer than one TTR)."""
     key = {"job_id": job_id, "action_time": datetime.fromisoformat(action_time)}
-    task = start(key, attempt)
+    task = start(key, attempt, lease_extra)
     if task is None:
         logger.info("timeouts: dropped stale message for job %s attempt %s", job_id, attempt)
         return "dropped"
@@ -78,14 +79,15 @@ def record_outcome(query: str, params: dict):
     return retry_on_conflict(lambda: fetch_one(query, params))  # the last try: its error propagates
 
 
-def start(key: dict, attempt: int):
+def start(key: dict, attempt: int, lease_extra: float = 0.0):
     """The compare-and-set DISPATCHED -> RUNNING for this attempt, or None if the message is stale.
 
     A message may arrive before run_at (the dispatcher publishes a little early, or clocks differ):
     then wait out the difference by the database clock, and compare-and-set again.
     """
+    params = {**key, "attempt": attempt, "lease_extra": lease_extra}
     for _ in range(10):
-        row = retry_on_conflict(lambda: fetch_one("start_task", {**key, "attempt": attempt}))
+        row = retry_on_conflict(lambda: fetch_one("start_task", params))
         if row is not None:
             return TimeoutTask.from_row(row)
         state = fetch_one("task_state", key)

@@ -140,10 +140,11 @@ RETURNING timeouts_notify_v1(%(channel)s, t.run_at, clock_timestamp() + %(horizo
 -- name: start_task
 -- The worker's compare-and-set: only the message of the current dispatch (same attempt number,
 -- still DISPATCHED, due by the database clock) may start the handler. A cancel that committed
--- first changed the status, so this matches nothing and the handler never runs.
+-- first changed the status, so this matches nothing and the handler never runs. The lease is the
+-- TTR, plus what is left of a batch's budget (lease_extra): Celery's time limit on the batch.
 UPDATE timeouts_task
 SET status = 4, attempts = attempts + 1, started_at = c.now, modified_at = c.now,
-    lease_until = c.now + ttr * interval '1 second'
+    lease_until = c.now + (ttr + %(lease_extra)s) * interval '1 second'
 FROM (SELECT clock_timestamp() AS now) AS c
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s
   AND status = 1 AND attempts = %(attempt)s - 1 AND run_at <= c.now

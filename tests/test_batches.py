@@ -1,0 +1,163 @@
+"""Tasks due together travel in one `timeouts.run_batch` message (RUN_BATCH_SIZE): how they are
+grouped and published, and that each task of a batch is still fenced, never early, run once, and
+not held behind a slow handler."""
+
+import base64
+import json
+import time
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from django.db import connection
+
+from tests import processes
+from timeouts import batches, running
+from timeouts.claiming import claim_due
+from timeouts.dispatcher import Dispatcher
+from timeouts.models import TimeoutTask
+from timeouts.publishing import publish
+
+Status = TimeoutTask.Status
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def messages(broker, queue):
+    """(task name, job ids, hard time limit) of each message waiting in a queue."""
+    found = []
+    for raw in reversed(broker.lrange(queue, 0, -1)):  # kombu pushes on the left
+        message = json.loads(raw)
+        args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        job_ids = [item[0] for item in args[0]] if message["headers"]["task"] == "timeouts.run_batch" else [args[0]]
+        found.append((message["headers"]["task"], job_ids, message["headers"]["timelimit"][0]))
+    return found
+
+
+def schedule_due(biz_type, n, **extra):
+    """n tasks due in the last seconds, oldest first."""
+    now = datetime.now(timezone.utc)
+    return [TimeoutTask.objects.schedule(biz_type, f"{biz_type}-{i}", at=now - timedelta(seconds=5) + timedelta(
+        milliseconds=i), **extra) for i in range(n)]
+
+
+def items(claims):
+    return [claim.batch_item() for claim in claims]
+
+
+def test_tasks_due_together_are_published_in_batches_of_one_queue(broker, settings):
+    settings.TIMEOUTS = {**settings.TIMEOUTS, "RUN_BATCH_SIZE": 20}
+    broker.flushdb()
+    recorded = schedule_due("test.record", 45)
+    slow = schedule_due("test.slow", 2)  # ttr=3: a batch of its own
+    queued = schedule_due("test.queued", 3)
+    assert publish(claim_due(100)) == 50
+    default = messages(broker, "celery")
+    # The time limit: the TTR (60 by default) plus the budget within which a batch starts its tasks.
+    assert default == [
+        ("timeouts.run_batch", [t.job_id for t in recorded[:20]], 61),
+        ("timeouts.run_batch", [t.job_id for t in recorded[20:40]], 61),
+        ("timeouts.run_batch", [t.job_id for t in recorded[40:]], 61),
+        ("timeouts.run_batch", [t.job_id for t in slow], 4),
+    ]
+    assert messages(broker, "timeouts-test-other") == [("timeouts.run_batch", [t.job_id for t in queued], 61)]
+
+    broker.flushdb()
+    [alone] = schedule_due("test.record", 1)
+    publish(claim_due(100))
+    assert messages(broker, "celery") == [("timeouts.run", [alone.job_id], 60)]
+    broker.flushdb()
+
+
+def test_a_batch_size_of_one_sends_every_task_alone(broker, settings):
+    settings.TIMEOUTS = {**settings.TIMEOUTS, "RUN_BATCH_SIZE": 1}
+    broker.flushdb()
+    schedule_due("test.record", 3)
+    publish(claim_due(100))
+    assert [name for name, _, _ in messages(broker, "celery")] == ["timeouts.run"] * 3
+    broker.flushdb()
+
+
+def test_a_batch_runs_each_task_once_and_a_cancelled_or_stale_one_not_at_all(starts):
+    tasks = schedule_due("test.record", 5)
+    batch = items(claim_due(10))
+    assert tasks[1].cancel() is True
+    batch[3][2] += 1  # a stale message: not the attempt that was dispatched
+    assert batches.run_batch(batch) == "3 done, 2 dropped"
+    assert sorted(job_id for job_id, *_ in starts.all()) == sorted(t.job_id for t in (tasks[0], tasks[2], tasks[4]))
+    statuses = [TimeoutTask.objects.get(pk=t.pk).status for t in tasks]
+    assert statuses == [Status.DONE, Status.CANCELLED, Status.DONE, Status.DISPATCHED, Status.DONE]
+
+
+def test_a_batch_claimed_ahead_starts_each_task_at_its_own_time_never_before(starts):
+    now = datetime.now(timezone.utc)
+    tasks = [TimeoutTask.objects.schedule("test.record", i, at=now + timedelta(milliseconds=300 + 100 * i))
+             for i in range(3)]
+    claims = claim_due(10, lead=5)
+    assert len(claims) == 3
+    batches.run_batch(items(claims))
+    rows = {job_id: (action_time, started_at) for job_id, _, action_time, started_at in starts.all()}
+    assert set(rows) == {t.job_id for t in tasks}
+    for action_time, started_at in rows.values():
+        assert timedelta(0) <= started_at - action_time < timedelta(seconds=1)
+
+
+def test_a_batch_behind_a_slow_handler_gives_its_unstarted_tasks_back(starts, monkeypatch):
+    monkeypatch.setattr(batches, "BUDGET", 0.2)
+    first = schedule_due("test.slow", 1, attribute={"sleep": 0.4})
+    rest = schedule_due("test.record", 4)
+    batch = items(claim_due(10))
+    assert batches.run_batch(batch) == "1 done, 4 released"
+    assert starts.count() == 1
+    assert TimeoutTask.objects.get(pk=first[0].pk).status == Status.DONE
+    for task in rest:
+        task.refresh_from_db()
+        assert (task.status, task.attempts) == (Status.PENDING, 0)
+    assert len(claim_due(10)) == 4  # due, and claimable at once: no lease to wait out
+
+
+def test_a_start_in_a_batch_leases_the_task_until_the_batch_time_limit():
+    """The TTR plus what is left of the batch's budget: as long as Celery lets the batch run."""
+    [task] = schedule_due("test.record", 1)
+    [claim] = claim_due(10)
+    started = running.start({"job_id": claim.job_id, "action_time": claim.action_time}, claim.attempt, 0.75)
+    assert (started.lease_until - started.started_at).total_seconds() == pytest.approx(task.ttr + 0.75)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_worker_that_dies_inside_a_batch_gets_it_again_and_runs_the_rest_once(broker, starts):
+    """acks_late + reject_on_worker_lost: the batch is delivered again; the tasks that finished or
+    started are dropped by their compare-and-set, the rest run. (The task whose process died waits
+    out its lease, as a single message's would: see test_celery.)"""
+    from project.celery import app
+
+    broker.flushdb()
+    # One pool process, which exits right after its third compare-and-set; its replacement
+    # counts from zero.
+    env = processes.django_env(TIMEOUTS_FAULTS="run.after_start=exit#3")
+    worker = processes.celery_worker(env=env, name="worker-batch-crash", concurrency=1)
+    try:
+        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
+        tasks = schedule_due("test.record", 5)
+        publish(claim_due(10))  # one timeouts.run_batch message (see the first test)
+        # The third task's compare-and-set committed, then its process died before the handler.
+        processes.wait_for(lambda: starts.count() >= 4, 60, message="the batch, delivered again, to finish")
+        time.sleep(0.5)  # nothing more may start
+        assert Counter(job_id for job_id, *_ in starts.all()) == Counter(t.job_id for t in tasks if t != tasks[2])
+        statuses = [TimeoutTask.objects.get(pk=t.pk).status for t in tasks]
+        assert statuses == [Status.DONE, Status.DONE, Status.RUNNING, Status.DONE, Status.DONE]
+    finally:
+        processes.stop(worker)
+        broker.flushdb()
+
+
+def test_the_dispatcher_claims_tasks_due_one_after_another_half_a_lead_at_a_time():
+    dispatcher = Dispatcher(lead=0.1)
+    dispatcher.db_offset, dispatcher.last_claim = 0.0, 100.0
+    # Due well after the last claim: woken a lead (plus the margin) before it, as always.
+    assert dispatcher._local(100.2) == pytest.approx(100.101)
+    # Due soon after the last claim: not before half a lead after that claim...
+    assert dispatcher._local(100.12) == pytest.approx(100.05)
+    # ...unless that would leave less than half a lead before it is due.
+    assert dispatcher._local(100.08) == pytest.approx(100.031)
+    connection.close()
