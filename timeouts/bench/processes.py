@@ -42,6 +42,9 @@ def child_env(*, settings_module, database_url, broker_url, root) -> dict:
         "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p),
         "PYTHONUNBUFFERED": "1",
     })
+    # The demo project reads this one: measure without DEBUG's per-query bookkeeping, as production
+    # runs (unless the caller asked for DEBUG).
+    env.setdefault("DJANGO_DEBUG", "0")
     return env
 
 
