@@ -68,6 +68,23 @@ def test_tasks_due_together_are_published_in_batches_of_one_queue(broker, settin
     broker.flushdb()
 
 
+def test_tasks_claimed_ahead_share_a_message_only_when_due_within_the_batch_window(broker):
+    """A worker process waits inside a batch until each task is due: tasks due apart get messages
+    (and Celery ETAs) of their own, so any free process can take them."""
+    broker.flushdb()
+    at = datetime.now(timezone.utc) + timedelta(seconds=2)
+    together = [TimeoutTask.objects.schedule("test.record", i, at=at) for i in range(3)]
+    apart = [TimeoutTask.objects.schedule("test.record", i, at=at + timedelta(milliseconds=50 * (i + 1)))
+             for i in range(2)]
+    publish(claim_due(10, lead=5))
+    assert [(name, sorted(ids)) for name, ids, _ in messages(broker, "celery")] == [
+        ("timeouts.run_batch", sorted(t.job_id for t in together)),
+        ("timeouts.run", [apart[0].job_id]),
+        ("timeouts.run", [apart[1].job_id]),
+    ]
+    broker.flushdb()
+
+
 def test_a_batch_size_of_one_sends_every_task_alone(broker, settings):
     settings.TIMEOUTS = {**settings.TIMEOUTS, "RUN_BATCH_SIZE": 1}
     broker.flushdb()

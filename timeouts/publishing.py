@@ -24,6 +24,12 @@ logger = logging.getLogger(__name__)
 RETRY_POLICY = {"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5}
 # Broker operations per round trip: kombu 5.7+ pipelines a producer's Redis publishes in batches.
 PIPELINE_SIZE = 500
+# Seconds. Tasks already due may share a message freely; a task due later shares one only with
+# tasks due at most this much before it: a worker process waits in the batch until each task is
+# due and takes no other message meanwhile, while Celery's ETA timer (in the worker's main
+# process) hands separate messages to whichever process is free. Measured on the spread
+# benchmark: p99 lateness 17-27 ms with 10 ms, 30-59 ms with the whole lead (BENCHMARKS.md).
+BATCH_WINDOW = 0.01
 
 
 def publish(claims) -> int:
@@ -80,12 +86,16 @@ def publish(claims) -> int:
 
 def _batches(claims, size):
     """((queue, ttr), claims) for each message: consecutive claims of one queue and TTR (the TTR sets
-    the message's time limit), at most `size` of them. Claims come ordered by run_at, so a batch
-    starts with its earliest task (the message's ETA)."""
+    the message's time limit), at most `size` of them, due within BATCH_WINDOW of the first unless
+    already due. Claims come ordered by run_at, so a batch starts with its earliest task (the
+    message's ETA)."""
     open_batches = {}
     for claim in claims:
         handler = find_handler(claim.biz_type)  # unknown here: the default queue
         key = (handler.queue if handler is not None else None, claim.ttr)
+        batch = open_batches.get(key)
+        if batch and claim.eta is not None and (claim.run_at - batch[0].run_at).total_seconds() > BATCH_WINDOW:
+            yield key, open_batches.pop(key)
         batch = open_batches.setdefault(key, [])
         batch.append(claim)
         if len(batch) == size:
