@@ -29,6 +29,19 @@ def test_schedule_at_stores_every_field():
     assert stored.created_at is not None and stored.started_at is None
 
 
+@pytest.mark.parametrize("when", [{"at": "in an hour"}, {"delay": 30}])
+def test_the_returned_task_is_the_stored_row_field_by_field(when):
+    """schedule() returns the row without reading it back: what the database decided comes from
+    RETURNING, the rest from the call. Either way it must equal what a query finds."""
+    when = {"at": in_an_hour()} if "at" in when else when
+    task = TimeoutTask.objects.schedule("test.slow", 7, attribute={"b": 1, "a": [1e16, 0.1, "x"]}, **when)
+    stored = TimeoutTask.objects.get(job_id=task.job_id, action_time=task.action_time)
+    for field in TimeoutTask._meta.concrete_fields:
+        assert getattr(task, field.attname) == getattr(stored, field.attname), field.name
+    assert type(task.attribute["a"][0]) is type(stored.attribute["a"][0])  # as jsonb gives it back
+    assert task._state.adding is False and task._state.db == stored._state.db
+
+
 def test_schedule_delay_is_added_to_the_database_clock():
     task = TimeoutTask.objects.schedule("test.record", "a", delay=timedelta(minutes=30))
     assert timedelta(minutes=30) <= task.action_time - task.created_at < timedelta(minutes=30, seconds=1)

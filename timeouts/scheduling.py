@@ -64,8 +64,7 @@ def prepare(biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflic
 def schedule(model, biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=None, using="default"):
     new = prepare(biz_type, biz_id, at=at, delay=delay, attribute=attribute, on_conflict=on_conflict)
     if new.on_conflict is None:
-        row = fetch_one("insert_task", new.params(), using=connections[using])
-        return events.scheduled(model.from_row(row, using), using)
+        return events.scheduled(_insert(model, new, connections[using]), using)
     with transaction.atomic(using=using):
         task, _created = _schedule_keyed(model, new, using)
     return task
@@ -94,8 +93,17 @@ def _schedule_keyed(model, new: NewTask, using):
             return model.from_row(waiting[0], using), False
         replaced = execute("cancel_by_key", {**key, "statuses": [0, 1]}, using=connection)
         events.cancelled_rows(new.biz_type, replaced, using)
+    return events.scheduled(_insert(model, new, connection), using), True
+
+
+def _insert(model, new: NewTask, connection):
+    """INSERT one task; returns it as stored (insert_task returns what the database decided)."""
     row = fetch_one("insert_task", new.params(), using=connection)
-    return events.scheduled(model.from_row(row, using), using), True
+    return model.from_row({
+        **row, "biz_type": new.biz_type, "biz_id": new.biz_id, "status": 0, "run_at": row["action_time"],
+        "attempts": 0, "max_attempts": new.max_attempts, "ttr": new.ttr, "last_error": "", "lease_until": None,
+        "modified_at": row["created_at"], "dispatched_at": None, "started_at": None, "finished_at": None,
+    }, connection.alias)
 
 
 def bulk_schedule(model, items, *, using="default") -> int:
