@@ -291,7 +291,9 @@ def test_the_strategies_reach_both_sides_of_each_limit():
     limit = get_settings().MAX_ATTRIBUTE_BYTES
     found = Counter()
 
-    @settings(max_examples=100, database=None, deadline=None,
+    # derandomize: a fixed sequence of examples, so this check of the strategies cannot fail by
+    # chance (with random ones it once missed a kind, failing a full test run).
+    @settings(max_examples=100, database=None, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(attribute=any_of("attribute"))
     def collect(attribute: Arg):
