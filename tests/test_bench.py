@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -67,3 +68,17 @@ def test_tiny_run_writes_json_with_every_field_and_loses_nothing(tmp_path):
     assert "Lateness" in stdout and "Targets" in stdout
     if dispatcher:
         assert result["ratios"]["spread"]["scan/dispatcher"]["p50_ms"]["median"] > 0
+
+
+def test_peer_results_are_read_where_the_harness_writes_them_for_a_relative_json_path(monkeypatch, tmp_path):
+    """The harness runs in its own directory: a relative --json once sent its results there, and the
+    bench, reading next to its own JSON, found none (BENCHMARKS.md, third session)."""
+    from types import SimpleNamespace
+
+    from timeouts.bench.peers import Peers
+
+    monkeypatch.chdir(tmp_path)
+    cfg = SimpleNamespace(peers=("celery",), peers_src="peers-src", peers_dir="peers-dir")
+    peers = Peers(cfg, db=None, out_path=Path("var/bench/run-peers.jsonl"))
+    assert peers.out == tmp_path / "var" / "bench" / "run-peers.jsonl"
+    assert peers.log == tmp_path / "var" / "bench" / "run-peers.log"

@@ -35,8 +35,9 @@ class Peers:
         self.systems = list(cfg.peers)
         self.src, self.dir = Path(cfg.peers_src), Path(cfg.peers_dir)
         self.python = self.dir / "venv" / "bin" / "python"
-        self.out = out_path
-        self.log = out_path.with_suffix(".log")
+        # Absolute: the harness runs in its own directory, and writes where --out says.
+        self.out = Path(out_path).resolve()
+        self.log = self.out.with_suffix(".log")
         self.ready = False
 
     def setup(self):
