@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 
 from tests import processes
-from timeouts import batches, running
+from timeouts import batches, faults, running
 from timeouts.claiming import claim_due
 from timeouts.dispatcher import Dispatcher
 from timeouts.models import TimeoutTask
@@ -130,6 +130,21 @@ def test_a_batch_behind_a_slow_handler_gives_its_unstarted_tasks_back(starts, mo
         task.refresh_from_db()
         assert (task.status, task.attempts) == (Status.PENDING, 0)
     assert len(claim_due(10)) == 4  # due, and claimable at once: no lease to wait out
+
+
+def test_a_batch_that_fails_part_way_gives_its_unstarted_tasks_back_at_once(starts, monkeypatch):
+    """An error the batch cannot handle (here a fault after the first DONE) fails the message, which
+    is then acknowledged: the tasks it had not started go back to PENDING at once instead of waiting
+    out their claim's lease."""
+    monkeypatch.setattr(faults, "ARMED", faults.parse("run.after_done=raise#1"))
+    tasks = schedule_due("test.record", 4)
+    with pytest.raises(faults.FaultInjected):
+        batches.run_batch(items(claim_due(10)))
+    assert TimeoutTask.objects.get(pk=tasks[0].pk).status == Status.DONE
+    for task in tasks[1:]:
+        task.refresh_from_db()
+        assert (task.status, task.attempts, task.lease_until) == (Status.PENDING, 0, None)
+    assert starts.count() == 1
 
 
 def test_a_start_in_a_batch_leases_the_task_until_the_batch_time_limit():

@@ -6,9 +6,10 @@ What a batch saves is Celery's cost per message, which is most of the cost of a 
 
 A batch must not hold its later tasks hostage behind a slow handler: once it has run for
 `BUDGET` seconds, it gives the tasks it has not started back (PENDING, with a NOTIFY), and a
-dispatcher hands them to whichever worker is free. Its tasks share one TTR, and Celery's time
-limit on the message is TTR + BUDGET: each start extends its lease by what is left of the budget,
-so every handler gets its whole TTR, and none outlives its lease.
+dispatcher hands them to whichever worker is free; so does a batch that fails part way. Its
+tasks share one TTR, and Celery's time limit on the message is TTR + BUDGET: each start extends
+its lease by what is left of the budget, so every handler gets its whole TTR, and none outlives
+its lease.
 """
 
 import logging
@@ -34,18 +35,34 @@ def run_batch(items) -> str:
     outcomes = Counter()
     for index, item in enumerate(items):
         if index and time.monotonic() - began > BUDGET:
-            rest = items[index:]
-            release(rest)
-            logger.info("timeouts: batch ran %.1f s; gave %d unstarted tasks back", time.monotonic() - began,
-                        len(rest))
-            outcomes["released"] += len(rest)
+            outcomes["released"] += _give_back(items[index:], f"the batch ran {time.monotonic() - began:.1f} s")
             break
         _wait_until(item.run_at)
         # The message's time limit is TTR + BUDGET from the batch's start: a lease of TTR plus what
         # is left of the budget lasts exactly as long, so no handler runs on after its lease.
         lease_extra = max(0.0, BUDGET - (time.monotonic() - began))
-        outcomes[running.run(item.job_id, item.action_time.isoformat(), item.attempt, lease_extra)] += 1
+        try:
+            outcome = running.run(item.job_id, item.action_time.isoformat(), item.attempt, lease_extra)
+        except Exception:
+            # The message fails and is acknowledged: without this, the tasks after this one would
+            # wait out their claim's lease.
+            _give_back(items[index + 1:], "the batch failed")
+            raise
+        outcomes[outcome] += 1
     return ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
+
+
+def _give_back(rest, why) -> int:
+    """Release the batch's unstarted tasks (PENDING, with a NOTIFY); returns how many."""
+    if not rest:
+        return 0
+    try:
+        release(rest)
+    except Exception:  # the database may be what failed: their leases then run out
+        logger.exception("timeouts: %s; could not give %d unstarted tasks back", why, len(rest))
+        return 0
+    logger.info("timeouts: %s; gave %d unstarted tasks back", why, len(rest))
+    return len(rest)
 
 
 def _wait_until(run_at: datetime):
