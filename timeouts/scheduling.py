@@ -97,12 +97,12 @@ def _schedule_keyed(model, new: NewTask, using):
 
 
 def _insert(model, new: NewTask, connection):
-    """INSERT one task; returns it as stored (insert_task returns what the database decided)."""
+    """INSERT one task; returns it as stored: insert_task returns what the database decided, the call
+    gives the rest, and every other field has its default (from_row starts from a new instance)."""
     row = fetch_one("insert_task", new.params(), using=connection)
     return model.from_row({
-        **row, "biz_type": new.biz_type, "biz_id": new.biz_id, "status": 0, "run_at": row["action_time"],
-        "attempts": 0, "max_attempts": new.max_attempts, "ttr": new.ttr, "last_error": "", "lease_until": None,
-        "modified_at": row["created_at"], "dispatched_at": None, "started_at": None, "finished_at": None,
+        **row, "biz_type": new.biz_type, "biz_id": new.biz_id, "run_at": row["action_time"],
+        "max_attempts": new.max_attempts, "ttr": new.ttr, "modified_at": row["created_at"],
     }, connection.alias)
 
 
