@@ -33,10 +33,10 @@ def messages(broker, queue):
     return found
 
 
-def schedule_due(biz_type, n, **extra):
-    """n tasks due in the last seconds, oldest first."""
+def schedule_due(biz_type, n, ago=5, **extra):
+    """n tasks due `ago` seconds ago, a millisecond apart, oldest first."""
     now = datetime.now(timezone.utc)
-    return [TimeoutTask.objects.schedule(biz_type, f"{biz_type}-{i}", at=now - timedelta(seconds=5) + timedelta(
+    return [TimeoutTask.objects.schedule(biz_type, f"{biz_type}-{i}", at=now - timedelta(seconds=ago) + timedelta(
         milliseconds=i), **extra) for i in range(n)]
 
 
@@ -48,8 +48,10 @@ def test_tasks_due_together_are_published_in_batches_of_one_queue(broker, settin
     settings.TIMEOUTS = {**settings.TIMEOUTS, "RUN_BATCH_SIZE": 20}
     broker.flushdb()
     recorded = schedule_due("test.record", 45)
-    slow = schedule_due("test.slow", 2)  # ttr=3: a batch of its own
-    queued = schedule_due("test.queued", 3)
+    # Each group due clearly after the one before, however fast they are scheduled: the messages'
+    # order follows the claims' (run_at) order.
+    slow = schedule_due("test.slow", 2, ago=4)  # ttr=3: a batch of its own
+    queued = schedule_due("test.queued", 3, ago=3)
     assert publish(claim_due(100)) == 50
     default = messages(broker, "celery")
     # The time limit: the TTR (60 by default) plus the budget within which a batch starts its tasks.
