@@ -62,6 +62,11 @@ DATABASES = {
     )
 }
 DATABASES["default"]["TEST"] = {"NAME": os.environ.get("TIMEOUTS_TEST_DB", "test_timeouts")}
+# Django turns psycopg's prepared statements off (for connection poolers); this lets timeouts
+# prepare its few hot-path queries (schedule(), the claim, the worker's start and outcome). Django's
+# own client-side cursors never prepare, so nothing else changes. Leave it out behind a pooler that
+# cannot keep prepared statements (PgBouncer before 1.21 in transaction mode).
+DATABASES["default"]["OPTIONS"] = {**DATABASES["default"].get("OPTIONS", {}), "prepare_threshold": 5}
 
 USE_TZ = True
 TIME_ZONE = "UTC"

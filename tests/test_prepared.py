@@ -1,0 +1,56 @@
+"""The hot-path queries run as prepared statements when the host lets psycopg prepare (the demo and
+test settings set DATABASES OPTIONS prepare_threshold = 5), and nothing else of the host changes."""
+
+import pytest
+from django.db import connection
+
+from timeouts import running
+from timeouts.claiming import claim_due
+from timeouts.models import TimeoutTask
+from timeouts.queries import QUERIES
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
+
+
+def prepared_statements() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return [row[0] for row in cursor.fetchall()]
+
+
+def is_prepared(name) -> bool:
+    # PostgreSQL shows the statement with $n placeholders: compare the text before the first one.
+    head = QUERIES[name].split("%(")[0]
+    return any(statement.startswith(head) for statement in prepared_statements())
+
+
+def run_due_tasks(n):
+    for key in range(n):
+        TimeoutTask.objects.schedule("test.record", key, delay=-0.001)
+    for claim in claim_due(n):  # one claim; each start and DONE runs n times
+        assert running.run(*claim.message_args()) == "done"
+
+
+def test_the_hot_path_is_prepared_and_the_hosts_queries_are_not(starts):
+    assert connection.settings_dict["OPTIONS"].get("prepare_threshold") == 5
+    run_due_tasks(7)
+    for _ in range(7):
+        claim_due(10)
+        list(TimeoutTask.objects.filter(biz_id="0"))  # a host's ORM query, 7 times
+    for name in ("insert_task", "claim_due", "start_task", "finish_task"):
+        assert is_prepared(name), name
+    assert len(prepared_statements()) == 4, "only those four ran more than prepare_threshold times"
+
+
+def test_a_prepared_start_survives_a_new_column(starts):
+    # Its RETURNING * changes shape: psycopg prepares it again rather than failing.
+    run_due_tasks(7)  # start_task and finish_task are prepared now
+    assert is_prepared("start_task")
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE timeouts_task ADD COLUMN added_by_a_migration integer")
+    try:
+        run_due_tasks(2)
+        assert TimeoutTask.objects.filter(status=TimeoutTask.Status.DONE).count() == starts.count() == 9
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE timeouts_task DROP COLUMN added_by_a_migration")
