@@ -296,3 +296,23 @@ def test_the_saturation_pause_also_works_when_max_dispatched_is_below_a_batch(se
     # Nine claims have waited 0.6 of their TTR: at least half of MAX_DISPATCHED, so the workers are
     # saturated, whatever the batch size.
     assert claim_due(500) == []
+
+
+def test_a_start_reconnects_when_the_connection_died_while_the_worker_was_idle(starts):
+    """Workers check their connection after a message, not before the next (tasks.py): a backend
+    killed in between fails the next compare-and-set, which runs again on a new connection."""
+    from timeouts import tasks
+
+    first, second = due_task(biz_id=1), due_task(biz_id=2)
+    claims = {claim.job_id: claim for claim in claim_due(10)}
+    assert tasks.run(*claims[first.job_id].message_args()) == "done"
+    assert connection.health_check_done  # checked after the message: the next one will not ping
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        [pid] = cursor.fetchone()
+    thread, result = in_thread(lambda: sql("SELECT pg_terminate_backend(%s)", [pid]))
+    thread.join(10)
+    assert "error" not in result
+    assert tasks.run(*claims[second.job_id].message_args()) == "done"
+    assert reload(second).status == Status.DONE
+    assert sorted(row[0] for row in starts.all()) == sorted([first.job_id, second.job_id])

@@ -87,7 +87,7 @@ def start(key: dict, attempt: int, lease_extra: float = 0.0):
     """
     params = {**key, "attempt": attempt, "lease_extra": lease_extra}
     for _ in range(10):
-        row = retry_on_conflict(lambda: fetch_one("start_task", params))
+        row = _compare_and_set(params)
         if row is not None:
             return TimeoutTask.from_row(row)
         state = fetch_one("task_state", key)
@@ -98,3 +98,19 @@ def start(key: dict, attempt: int, lease_extra: float = 0.0):
             return None
         time.sleep(max(wait, 0.001))
     return None
+
+
+def _compare_and_set(params):
+    """start_task, again on a new connection if the connection turns out to be broken: a worker
+    checks its connection's health after each message, not before the next (tasks.py), so one that
+    died while the worker was idle fails here. Repeating is safe: if the first try committed and
+    only its answer was lost, the second matches nothing and the message is dropped as stale; the
+    task's lease then runs out and lease recovery moves it on, as for a worker lost mid-start."""
+    try:
+        return retry_on_conflict(lambda: fetch_one("start_task", params))
+    except (OperationalError, InterfaceError) as exc:
+        if connection.in_atomic_block:
+            raise
+        logger.warning("timeouts: starting job %s failed (%s); reconnecting", params["job_id"], exc)
+        connection.close()
+        return retry_on_conflict(lambda: fetch_one("start_task", params))
