@@ -82,3 +82,23 @@ def test_peer_results_are_read_where_the_harness_writes_them_for_a_relative_json
     peers = Peers(cfg, db=None, out_path=Path("var/bench/run-peers.jsonl"))
     assert peers.out == tmp_path / "var" / "bench" / "run-peers.jsonl"
     assert peers.log == tmp_path / "var" / "bench" / "run-peers.log"
+
+
+def test_the_peer_databases_the_bench_created_are_dropped_at_the_end(tmp_path):
+    from types import SimpleNamespace
+
+    from timeouts.bench.database import BenchDatabase
+    from timeouts.bench.peers import Peers
+
+    db = BenchDatabase("unused")
+    name = f"{settings.DATABASES['default']['TEST']['NAME']}_peer"
+    with db.admin() as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    cfg = SimpleNamespace(peers=("naive_ln",), peers_src="peers-src", peers_dir=str(tmp_path / "peers"))
+    peers = Peers(cfg, db, out_path=tmp_path / "run-peers.jsonl")
+    peers.created = [name]  # as setup() records the ones it creates
+    peers.drop_databases()
+    with db.admin() as admin:
+        assert not admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+    assert peers.created == []

@@ -39,6 +39,7 @@ class Peers:
         self.out = Path(out_path).resolve()
         self.log = self.out.with_suffix(".log")
         self.ready = False
+        self.created = []  # the databases setup() created, for drop_databases()
 
     def setup(self):
         """Copy the harness, build its virtualenv if needed, create its databases. Raises on failure."""
@@ -63,10 +64,17 @@ class Peers:
                 name = DATABASES.get(system)
                 if name and not admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
                     admin.execute(f'CREATE DATABASE "{name}"')
+                    self.created.append(name)
         if "django_tasks" in self.systems:
             env = {**self.env(), "DJANGO_SETTINGS_MODULE": "pb_django_settings", "PYTHONPATH": str(self.dir)}
             self._run([str(self.python), "-m", "django", "migrate", "-v", "0"], "migrating pb_djt", env=env)
         self.ready = True
+
+    def drop_databases(self):
+        """Drop the databases setup() created (one that existed before is left alone)."""
+        with self.db.admin() as admin:
+            while self.created:
+                admin.execute(f'DROP DATABASE IF EXISTS "{self.created.pop()}" WITH (FORCE)')
 
     def env(self) -> dict:
         env = {k: v for k, v in os.environ.items()

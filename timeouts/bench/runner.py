@@ -68,7 +68,7 @@ def run(cfg, *, settings_module, root, broker_in_use=None) -> dict:
     result = {"bench": "timeouts_bench", "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "command": " ".join(sys.argv), "config": cfg.public(), "settings_module": settings_module,
               "json_path": str(json_path), "log_dir": str(log_dir), "notes": notes}
-    runs, peer_runs = [], []
+    runs, peer_runs, peers = [], [], None
     try:
         note(f"bench database {db.name}: {'created' if db.create() else 'exists'}; migrating")
         db.migrate(env, root)
@@ -103,6 +103,8 @@ def run(cfg, *, settings_module, root, broker_in_use=None) -> dict:
             note(f"could not empty the bench broker: {exc}")
         if not cfg.keep_db:
             db.drop()
+            if peers:
+                peers.drop_databases()
     _finish(result, runs, peer_runs, cfg)
     result["finished_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     report.write_json(result, json_path)
