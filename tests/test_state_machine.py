@@ -316,3 +316,16 @@ def test_a_start_reconnects_when_the_connection_died_while_the_worker_was_idle(s
     assert tasks.run(*claims[second.job_id].message_args()) == "done"
     assert reload(second).status == Status.DONE
     assert sorted(row[0] for row in starts.all()) == sorted([first.job_id, second.job_id])
+
+
+def test_a_message_run_inside_the_callers_transaction_leaves_its_connection_alone(starts):
+    """Celery's eager mode (a host's tests) runs the message where it was published: the connection
+    checks after the message must not close the connection under the caller's transaction."""
+    from timeouts import tasks
+
+    task = due_task()
+    claim = claim_one()
+    with transaction.atomic():
+        assert tasks.run(*claim.message_args()) == "done"
+        assert reload(task).status == Status.DONE  # the same transaction goes on
+    assert reload(task).status == Status.DONE

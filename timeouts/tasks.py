@@ -24,9 +24,10 @@ def _after_the_message():
     try:
         yield
     finally:
-        close_old_connections()
         for connection in connections.all(initialized_only=True):
-            connection.close_if_health_check_failed()
+            if not connection.in_atomic_block:  # a host's eager task inside its own transaction
+                connection.close_if_unusable_or_obsolete()  # what close_old_connections() does
+                connection.close_if_health_check_failed()
 
 
 @shared_task(name="timeouts.scan", ignore_result=True)
