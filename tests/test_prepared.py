@@ -54,3 +54,17 @@ def test_a_prepared_start_survives_a_new_column(starts):
     finally:
         with connection.cursor() as cursor:
             cursor.execute("ALTER TABLE timeouts_task DROP COLUMN added_by_a_migration")
+
+
+def test_a_bare_psycopg_connection_runs_the_hot_path_queries_too():
+    # The reliability scenarios' oracle schedules through one (its own transactions, its own server).
+    import psycopg
+
+    from timeouts.queries import fetch_one
+    from timeouts.scheduling import prepare
+
+    params = {key: value for key, value in connection.get_connection_params().items()
+              if key not in ("cursor_factory", "context")}
+    with psycopg.connect(**params) as conn:
+        row = fetch_one("insert_task", prepare("test.record", 1, delay=60).params(), using=conn)
+    assert TimeoutTask.objects.filter(job_id=row["job_id"]).exists()

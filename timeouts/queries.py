@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psycopg
 from django.db import connection
+from django.db.backends.utils import CursorWrapper
 
 SQL_DIR = Path(__file__).with_name("sql")
 _HEADER = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
@@ -51,9 +52,10 @@ PREPARED = frozenset({"insert_task", "claim_due", "start_task", "finish_task", "
 
 
 def execute(name, params=None, *, using=None):
-    """Run a named query on Django's connection and return the cursor (rows not fetched)."""
+    """Run a named query on Django's connection (or `using`: another Django connection, or a bare
+    psycopg one, whose cursors bind on the server already) and return the cursor (rows not fetched)."""
     cursor = (using or connection).cursor()
-    if name in PREPARED:
+    if name in PREPARED and isinstance(cursor, CursorWrapper):
         # Django's wrapper (error translation, query logging, execute_wrapper hooks) stays; only the
         # psycopg cursor inside it changes, to psycopg's server-side binding one.
         cursor.cursor = psycopg.Cursor(cursor.db.connection)
