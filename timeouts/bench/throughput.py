@@ -3,7 +3,13 @@ single-row INSERT and raw COPY of the same rows into the same table, in the same
 
 NOTIFY is sent only for tasks due within NOTIFY_HORIZON: "with" schedules tasks due in a few
 seconds, "without" tasks due in an hour. A LISTEN connection counts the notifications, so the JSON
-shows that "with" really notified and "without" did not. The table is emptied before each variant.
+shows that "with" really notified and "without" did not.
+
+The three single-row variants take turns, a tenth of their rows at a time (TURNS), on one table
+emptied before them: one call costs well under a millisecond, and the machine's speed drifts by a
+third within a minute here, which run one after the other fell on one variant and not the next
+(ratios 0.38-0.65 between repeats). The bulk variants run one after the other, each on an empty
+table.
 """
 
 import json
@@ -16,17 +22,17 @@ from timeouts.scheduling import COPY_COLUMNS
 from .database import reset
 from .handlers import NOOP
 from .progress import Progress
-from .workload import db_now, schedule_bulk, schedule_single
+from .workload import db_now, schedule_bulk, schedule_each
 
 RAW_INSERT = (f"INSERT INTO timeouts_task ({', '.join(COPY_COLUMNS)}) "
               "VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s)")
 RAW_COPY = f"COPY timeouts_task ({', '.join(COPY_COLUMNS)}) FROM STDIN"
 
-# (name, kind, notify) in the order they run within a repeat
-VARIANTS = (
-    ("raw_insert", "raw_single", False),
-    ("single", "single", False),
-    ("single_notify", "single", True),
+# (name, notify): the single-row variants, taking turns
+SINGLE_VARIANTS = (("raw_insert", False), ("single", False), ("single_notify", True))
+TURNS = 10
+# (name, kind, notify) of the bulk variants, in the order they run within a repeat
+BULK_VARIANTS = (
     ("raw_copy", "raw_copy", False),
     ("bulk", "bulk", False),
     ("bulk_notify", "bulk", True),
@@ -47,17 +53,10 @@ def _times(conn, n, notify):
     return [base + timedelta(milliseconds=i % 1000) for i in range(n)]
 
 
-def raw_single(conn, rows) -> float:
-    progress = Progress("raw INSERT", len(rows))
-    started = time.perf_counter()
+def raw_single(conn, rows):
     with conn.cursor() as cursor:
-        for i, row in enumerate(rows):
+        for row in rows:
             cursor.execute(RAW_INSERT, row)
-            if i % 500 == 0:
-                progress.update(i)
-    seconds = time.perf_counter() - started
-    progress.finish(len(rows))
-    return len(rows) / seconds
 
 
 def raw_copy(conn, rows) -> float:
@@ -69,40 +68,71 @@ def raw_copy(conn, rows) -> float:
 
 
 def run(ctx, rep) -> dict:
-    """One repeat: every variant once, in a fixed interleaved order. Returns {variant: result}."""
-    cfg = ctx.cfg
+    """One repeat: every variant once. Returns {variant: result}."""
     channel = get_settings().NOTIFY_CHANNEL
-    results = {}
     with ctx.db.connect() as listener:
         listener.execute(f'LISTEN "{channel}"')
-        for name, kind, notify in VARIANTS:
-            n = cfg.n_single if kind in ("raw_single", "single") else cfg.n_bulk
-            if notify and get_settings().NOTIFY_HORIZON <= 0:
-                results[name] = {"n": n, "skipped": "NOTIFY_HORIZON is 0: nothing is ever notified"}
-                continue
-            reset(ctx.conn)
-            times = _times(ctx.conn, n, notify)
-            if kind == "raw_single":
-                out = {"sched_api": "raw INSERT (autocommit)", "sched_per_s": round(raw_single(ctx.conn, _rows(times)))}
-            elif kind == "raw_copy":
-                out = {"sched_api": "raw COPY (1 transaction)", "sched_per_s": round(raw_copy(ctx.conn, _rows(times)))}
-            elif kind == "single":
-                out = schedule_single(ctx.alias, times, label=f"schedule(){' with NOTIFY' if notify else ''}")
-                out.pop("sched_overrun", None)
-            else:
-                out = schedule_bulk(ctx.alias, times, chunk=cfg.bulk_chunk)
-            out["n"] = n
-            out["notifications"] = sum(1 for _ in listener.notifies(timeout=0.5))
-            results[name] = out
+        results = _single_row(ctx, listener)
+        results.update(_bulk(ctx, listener))
     reset(ctx.conn)
-    single, bulk = results["single"].get("sched_per_s"), results["bulk"].get("sched_per_s")
     results["ratios"] = {
-        "single_vs_raw_insert": _ratio(single, results["raw_insert"]["sched_per_s"]),
+        "single_vs_raw_insert": _ratio(results["single"].get("sched_per_s"), results["raw_insert"]["sched_per_s"]),
         "single_notify_vs_raw_insert": _ratio(results["single_notify"].get("sched_per_s"),
                                               results["raw_insert"]["sched_per_s"]),
-        "bulk_vs_raw_copy": _ratio(bulk, results["raw_copy"]["sched_per_s"]),
+        "bulk_vs_raw_copy": _ratio(results["bulk"].get("sched_per_s"), results["raw_copy"]["sched_per_s"]),
         "bulk_notify_vs_raw_copy": _ratio(results["bulk_notify"].get("sched_per_s"), results["raw_copy"]["sched_per_s"]),
     }
+    return results
+
+
+def _single_row(ctx, listener) -> dict:
+    """raw INSERT, schedule() and schedule() with NOTIFY, a tenth of their rows at a time in turn."""
+    n = ctx.cfg.n_single
+    variants = [(name, notify) for name, notify in SINGLE_VARIANTS if not notify or get_settings().NOTIFY_HORIZON > 0]
+    reset(ctx.conn)
+    times = {notify: _times(ctx.conn, n, notify) for notify in (False, True)}
+    raw_rows = _rows(times[False])
+    names = [name for name, _ in variants]
+    seconds, notifications = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
+    progress = Progress("raw INSERT / schedule() / with NOTIFY, in turns", n * len(variants))
+    step = max(1, -(-n // TURNS))
+    for first in range(0, n, step):
+        last = min(n, first + step)
+        for name, notify in variants:
+            started = time.perf_counter()
+            if name == "raw_insert":
+                raw_single(ctx.conn, raw_rows[first:last])
+            else:
+                schedule_each(ctx.alias, range(first, last), times[notify][first:last])
+            seconds[name] += time.perf_counter() - started
+            # Delivered at each commit; counted between turns, out of the timed part.
+            notifications[name] += sum(1 for _ in listener.notifies(timeout=0.2 if notify else 0.05))
+        progress.update(last * len(variants))
+    progress.finish(n * len(variants))
+    apis = {"raw_insert": "raw INSERT (autocommit)", "single": "schedule()", "single_notify": "schedule()"}
+    results = {name: {"sched_api": apis[name], "sched_per_s": round(n / seconds[name]), "n": n, "turns": TURNS,
+                      "notifications": notifications[name]} for name in seconds}
+    if "single_notify" not in results:
+        results["single_notify"] = {"n": n, "skipped": "NOTIFY_HORIZON is 0: nothing is ever notified"}
+    return results
+
+
+def _bulk(ctx, listener) -> dict:
+    results = {}
+    for name, kind, notify in BULK_VARIANTS:
+        n = ctx.cfg.n_bulk
+        if notify and get_settings().NOTIFY_HORIZON <= 0:
+            results[name] = {"n": n, "skipped": "NOTIFY_HORIZON is 0: nothing is ever notified"}
+            continue
+        reset(ctx.conn)
+        times = _times(ctx.conn, n, notify)
+        if kind == "raw_copy":
+            out = {"sched_api": "raw COPY (1 transaction)", "sched_per_s": round(raw_copy(ctx.conn, _rows(times)))}
+        else:
+            out = schedule_bulk(ctx.alias, times, chunk=ctx.cfg.bulk_chunk)
+        out["n"] = n
+        out["notifications"] = sum(1 for _ in listener.notifies(timeout=0.5))
+        results[name] = out
     return results
 
 

@@ -42,6 +42,13 @@ def schedule_single(alias, times, *, biz_type=NOOP, label="schedule()") -> dict:
     return {"sched_api": "schedule()", "sched_per_s": round(len(times) / seconds), "sched_overrun": over}
 
 
+def schedule_each(alias, keys, times, *, biz_type=NOOP):
+    """schedule() once per task, nothing else (the schedule throughput scenario times it)."""
+    manager = _manager(alias)
+    for key, at in zip(keys, times):
+        manager.schedule(biz_type, biz_id=key, at=at)
+
+
 def schedule_bulk(alias, times, *, chunk, biz_type=NOOP) -> dict:
     manager = _manager(alias)
     started = time.perf_counter()
