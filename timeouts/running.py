@@ -67,16 +67,22 @@ def record_outcome(query: str, params: dict):
     run again when its lease ran out. Repeating is safe: both match only this attempt's RUNNING row.
     If a COMMIT's answer was lost, the retry matches nothing and the task counts as "lost", which
     is only a label: the outcome is in the database."""
-    for delay in OUTCOME_RETRY_DELAYS:
+    return _on_a_new_connection_if_broken(query, params, OUTCOME_RETRY_DELAYS)
+
+
+def _on_a_new_connection_if_broken(query: str, params: dict, delays):
+    """The query; after a connection error, again on a new connection after each delay in turn (the
+    last try's error propagates). Inside the caller's transaction an error always propagates."""
+    for delay in delays:
         try:
             return retry_on_conflict(lambda: fetch_one(query, params))
         except (OperationalError, InterfaceError) as exc:
             if connection.in_atomic_block:
                 raise
-            logger.warning("timeouts: recording %s failed (%s); reconnecting in %.1f s", query, exc, delay)
+            logger.warning("timeouts: %s failed (%s); reconnecting in %.1f s", query, exc, delay)
             connection.close()
             time.sleep(delay)
-    return retry_on_conflict(lambda: fetch_one(query, params))  # the last try: its error propagates
+    return retry_on_conflict(lambda: fetch_one(query, params))
 
 
 def start(key: dict, attempt: int, lease_extra: float = 0.0):
@@ -106,11 +112,4 @@ def _compare_and_set(params):
     died while the worker was idle fails here. Repeating is safe: if the first try committed and
     only its answer was lost, the second matches nothing and the message is dropped as stale; the
     task's lease then runs out and lease recovery moves it on, as for a worker lost mid-start."""
-    try:
-        return retry_on_conflict(lambda: fetch_one("start_task", params))
-    except (OperationalError, InterfaceError) as exc:
-        if connection.in_atomic_block:
-            raise
-        logger.warning("timeouts: starting job %s failed (%s); reconnecting", params["job_id"], exc)
-        connection.close()
-        return retry_on_conflict(lambda: fetch_one("start_task", params))
+    return _on_a_new_connection_if_broken("start_task", params, delays=(0.0,))

@@ -31,6 +31,7 @@ RAW_COPY = f"COPY timeouts_task ({', '.join(COPY_COLUMNS)}) FROM STDIN"
 # (name, notify): the single-row variants, taking turns
 SINGLE_VARIANTS = (("raw_insert", False), ("single", False), ("single_notify", True))
 TURNS = 10
+NEVER_NOTIFIED = "NOTIFY_HORIZON is 0: nothing is ever notified"
 # (name, kind, notify) of the bulk variants, in the order they run within a repeat
 BULK_VARIANTS = (
     ("raw_copy", "raw_copy", False),
@@ -113,7 +114,7 @@ def _single_row(ctx, listener) -> dict:
     results = {name: {"sched_api": apis[name], "sched_per_s": round(n / seconds[name]), "n": n, "turns": TURNS,
                       "notifications": notifications[name]} for name in seconds}
     if "single_notify" not in results:
-        results["single_notify"] = {"n": n, "skipped": "NOTIFY_HORIZON is 0: nothing is ever notified"}
+        results["single_notify"] = {"n": n, "skipped": NEVER_NOTIFIED}
     return results
 
 
@@ -122,7 +123,7 @@ def _bulk(ctx, listener) -> dict:
     for name, kind, notify in BULK_VARIANTS:
         n = ctx.cfg.n_bulk
         if notify and get_settings().NOTIFY_HORIZON <= 0:
-            results[name] = {"n": n, "skipped": "NOTIFY_HORIZON is 0: nothing is ever notified"}
+            results[name] = {"n": n, "skipped": NEVER_NOTIFIED}
             continue
         reset(ctx.conn)
         times = _times(ctx.conn, n, notify)
