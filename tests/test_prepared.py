@@ -68,3 +68,39 @@ def test_a_bare_psycopg_connection_runs_the_hot_path_queries_too():
     with psycopg.connect(**params) as conn:
         row = fetch_one("insert_task", prepare("test.record", 1, delay=60).params(), using=conn)
     assert TimeoutTask.objects.filter(job_id=row["job_id"]).exists()
+
+
+def test_each_hot_query_keeps_one_cursor_per_connection_and_a_new_connection_gets_new_ones():
+    # psycopg caches the dumpers and loaders per cursor: a kept cursor skips looking them up again.
+    from timeouts.queries import _KEPT
+
+    TimeoutTask.objects.schedule("test.record", 1, delay=60)
+    kept = _KEPT[connection.connection]["insert_task"]
+    TimeoutTask.objects.schedule("test.record", 2, delay=60)
+    assert _KEPT[connection.connection]["insert_task"] is kept and not kept.closed
+    connection.close()
+    TimeoutTask.objects.schedule("test.record", 3, delay=60)
+    assert _KEPT[connection.connection]["insert_task"] is not kept
+    assert TimeoutTask.objects.count() == 3
+
+
+def test_the_hot_path_keeps_djangos_query_log_hooks_and_errors():
+    from django.db import DataError
+    from django.test.utils import CaptureQueriesContext
+
+    from timeouts.queries import execute
+    from timeouts.scheduling import prepare
+
+    seen = []
+    with CaptureQueriesContext(connection) as logged, connection.execute_wrapper(
+            lambda execute, sql, params, many, context: seen.append(sql) or execute(sql, params, many, context)):
+        TimeoutTask.objects.schedule("test.record", 1, delay=60)
+    head = QUERIES["insert_task"].split("%(")[0]
+    assert len(seen) == 1 and seen[0].startswith(head)  # one INSERT, hooked
+    assert [q["sql"][:len(head)] for q in logged.captured_queries] == [head]  # and logged
+
+    broken = {**prepare("test.record", 2, delay=60).params(), "attribute": "{not json"}
+    with pytest.raises(DataError):  # Django's error class, as from any Django cursor
+        execute("insert_task", broken, using=connection)
+    TimeoutTask.objects.schedule("test.record", 3, delay=60)  # the kept cursor goes on after an error
+    assert sorted(TimeoutTask.objects.values_list("biz_id", flat=True)) == ["1", "3"]

@@ -12,7 +12,7 @@ from django.db import connections, transaction
 from . import events, validation
 from .conf import get_settings, notify_params
 from .errors import TaskConflict, TimeoutsError
-from .queries import execute, fetch_dicts, fetch_one
+from .queries import execute, fetch_dicts, fetch_one, fetch_values
 from .registry import get_handler
 
 # First key of the two-key advisory lock, so our locks cannot collide with the host's one-key locks.
@@ -99,10 +99,11 @@ def _schedule_keyed(model, new: NewTask, using):
 def _insert(model, new: NewTask, connection):
     """INSERT one task; returns it as stored: insert_task returns what the database decided, the call
     gives the rest, and every other field has its default (from_row starts from a new instance)."""
-    row = fetch_one("insert_task", new.params(), using=connection)
+    job_id, action_time, attribute, created_at, _notified = fetch_values("insert_task", new.params(), using=connection)
     return model.from_row({
-        **row, "biz_type": new.biz_type, "biz_id": new.biz_id, "run_at": row["action_time"],
-        "max_attempts": new.max_attempts, "ttr": new.ttr, "modified_at": row["created_at"],
+        "job_id": job_id, "biz_type": new.biz_type, "biz_id": new.biz_id, "action_time": action_time,
+        "run_at": action_time, "attribute": attribute, "max_attempts": new.max_attempts, "ttr": new.ttr,
+        "created_at": created_at, "modified_at": created_at,
     }, connection.alias)
 
 
