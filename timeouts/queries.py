@@ -7,7 +7,6 @@ reviewed and EXPLAINed in one place.
 
 import re
 from pathlib import Path
-
 from weakref import WeakKeyDictionary
 
 import psycopg
