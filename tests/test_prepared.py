@@ -1,8 +1,11 @@
 """The hot-path queries run as prepared statements when the host lets psycopg prepare (the demo and
 test settings set DATABASES OPTIONS prepare_threshold = 5), and nothing else of the host changes."""
 
+import gc
+import weakref
+
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
 from timeouts import running
 from timeouts.claiming import claim_due
@@ -70,18 +73,34 @@ def test_a_bare_psycopg_connection_runs_the_hot_path_queries_too():
     assert TimeoutTask.objects.filter(job_id=row["job_id"]).exists()
 
 
-def test_each_hot_query_keeps_one_cursor_per_connection_and_a_new_connection_gets_new_ones():
-    # psycopg caches the dumpers and loaders per cursor: a kept cursor skips looking them up again.
+def kept_cursor(name):
     from timeouts.queries import _KEPT
 
+    owner, cursors = _KEPT[connections["default"]]
+    assert owner is connection.connection
+    return cursors[name]
+
+
+def test_each_hot_query_keeps_one_cursor_per_connection_and_a_new_connection_gets_new_ones():
+    # psycopg caches the dumpers and loaders per cursor: a kept cursor skips looking them up again.
     TimeoutTask.objects.schedule("test.record", 1, delay=60)
-    kept = _KEPT[connection.connection]["insert_task"]
+    kept = kept_cursor("insert_task")
     TimeoutTask.objects.schedule("test.record", 2, delay=60)
-    assert _KEPT[connection.connection]["insert_task"] is kept and not kept.closed
+    assert kept_cursor("insert_task") is kept and not kept.closed
     connection.close()
     TimeoutTask.objects.schedule("test.record", 3, delay=60)
-    assert _KEPT[connection.connection]["insert_task"] is not kept
+    assert kept_cursor("insert_task") is not kept
     assert TimeoutTask.objects.count() == 3
+
+
+def test_a_closed_connection_is_not_kept_alive_by_its_cursors():
+    # A web process with CONN_MAX_AGE = 0 opens a connection per request.
+    TimeoutTask.objects.schedule("test.record", 1, delay=60)
+    closed = weakref.ref(connection.connection)
+    connection.close()
+    TimeoutTask.objects.schedule("test.record", 2, delay=60)
+    gc.collect()
+    assert closed() is None
 
 
 def test_the_hot_path_keeps_djangos_query_log_hooks_and_errors():

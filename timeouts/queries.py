@@ -75,8 +75,11 @@ class _KeptCursor(psycopg.Cursor):
         pass
 
 
-# psycopg connection -> {query name: its kept cursor}; an entry goes when Django drops the connection.
-_KEPT: "WeakKeyDictionary[psycopg.Connection, dict[str, _KeptCursor]]" = WeakKeyDictionary()
+# Django connection (one per thread and alias) -> (its psycopg connection, {query name: kept cursor}).
+# Keyed by Django's wrapper, which outlives its psycopg connections: a cursor holds its connection,
+# so a cache keyed by the psycopg connection would keep every closed one alive (a web process with
+# CONN_MAX_AGE = 0 opens one per request). The cursors of a closed connection go at the next call.
+_KEPT: "WeakKeyDictionary[BaseDatabaseWrapper, tuple]" = WeakKeyDictionary()
 
 
 def _kept_cursor(db, name):
@@ -85,10 +88,12 @@ def _kept_cursor(db, name):
     db.close_if_health_check_failed()
     db.ensure_connection()
     db.validate_thread_sharing()
-    kept = _KEPT.setdefault(db.connection, {})
-    cursor = kept.get(name)
+    owner, cursors = _KEPT.get(db, (None, None))
+    if owner is not db.connection:
+        owner, cursors = _KEPT[db] = (db.connection, {})
+    cursor = cursors.get(name)
     if cursor is None:
-        cursor = kept[name] = _KeptCursor(db.connection)
+        cursor = cursors[name] = _KeptCursor(db.connection)
     return db.make_debug_cursor(cursor) if db.queries_logged else db.make_cursor(cursor)
 
 
