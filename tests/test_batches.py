@@ -2,8 +2,6 @@
 grouped and published, and that each task of a batch is still fenced, never early, run once, and
 not held behind a slow handler."""
 
-import base64
-import json
 import time
 from collections import Counter
 from datetime import datetime, timedelta, timezone
@@ -12,6 +10,7 @@ import pytest
 from django.db import connection
 
 from tests import processes
+from tests.broker_messages import queued_messages
 from timeouts import batches, faults, running
 from timeouts.claiming import claim_due
 from timeouts.dispatcher import Dispatcher
@@ -20,17 +19,6 @@ from timeouts.publishing import publish
 
 Status = TimeoutTask.Status
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def messages(broker, queue):
-    """(task name, job ids, hard time limit) of each message waiting in a queue."""
-    found = []
-    for raw in reversed(broker.lrange(queue, 0, -1)):  # kombu pushes on the left
-        message = json.loads(raw)
-        args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
-        job_ids = [item[0] for item in args[0]] if message["headers"]["task"] == "timeouts.run_batch" else [args[0]]
-        found.append((message["headers"]["task"], job_ids, message["headers"]["timelimit"][0]))
-    return found
 
 
 def schedule_due(biz_type, n, ago=5, **extra):
@@ -53,7 +41,7 @@ def test_tasks_due_together_are_published_in_batches_of_one_queue(broker, settin
     slow = schedule_due("test.slow", 2, ago=4)  # ttr=3: a batch of its own
     queued = schedule_due("test.queued", 3, ago=3)
     assert publish(claim_due(100)) == 50
-    default = messages(broker, "celery")
+    default = queued_messages(broker, "celery")
     # The time limit: the TTR (60 by default) plus the budget within which a batch starts its tasks.
     assert default == [
         ("timeouts.run_batch", [t.job_id for t in recorded[:20]], 61),
@@ -61,12 +49,12 @@ def test_tasks_due_together_are_published_in_batches_of_one_queue(broker, settin
         ("timeouts.run_batch", [t.job_id for t in recorded[40:]], 61),
         ("timeouts.run_batch", [t.job_id for t in slow], 4),
     ]
-    assert messages(broker, "timeouts-test-other") == [("timeouts.run_batch", [t.job_id for t in queued], 61)]
+    assert queued_messages(broker, "timeouts-test-other") == [("timeouts.run_batch", [t.job_id for t in queued], 61)]
 
     broker.flushdb()
     [alone] = schedule_due("test.record", 1)
     publish(claim_due(100))
-    assert messages(broker, "celery") == [("timeouts.run", [alone.job_id], 60)]
+    assert queued_messages(broker, "celery") == [("timeouts.run", [alone.job_id], 60)]
     broker.flushdb()
 
 
@@ -79,7 +67,7 @@ def test_tasks_claimed_ahead_share_a_message_only_when_due_within_the_batch_wind
     apart = [TimeoutTask.objects.schedule("test.record", i, at=at + timedelta(milliseconds=50 * (i + 1)))
              for i in range(2)]
     publish(claim_due(10, lead=5))
-    assert [(name, sorted(ids)) for name, ids, _ in messages(broker, "celery")] == [
+    assert [(name, sorted(ids)) for name, ids, _ in queued_messages(broker, "celery")] == [
         ("timeouts.run_batch", sorted(t.job_id for t in together)),
         ("timeouts.run", [apart[0].job_id]),
         ("timeouts.run", [apart[1].job_id]),
@@ -92,7 +80,7 @@ def test_a_batch_size_of_one_sends_every_task_alone(broker, settings):
     broker.flushdb()
     schedule_due("test.record", 3)
     publish(claim_due(100))
-    assert [name for name, _, _ in messages(broker, "celery")] == ["timeouts.run"] * 3
+    assert [name for name, _, _ in queued_messages(broker, "celery")] == ["timeouts.run"] * 3
     broker.flushdb()
 
 

@@ -1,8 +1,6 @@
 """The dispatcher under faults: its backend killed, the database restarted, a connection that goes
 silent, a broker that stops answering, and SIGTERM in the middle of dispatching."""
 
-import base64
-import json
 import signal
 import socket
 import threading
@@ -17,6 +15,7 @@ from django.conf import settings
 from django.db import connection
 
 from tests import processes
+from tests.broker_messages import queued_messages
 from tests.reliability.clusters import ThrowawayPostgres, postgres_available
 from tests.test_dispatcher import (
     ON_TIME,
@@ -107,14 +106,7 @@ def test_sigterm_stops_promptly_and_leaves_no_claim_without_a_message(broker):
 
 def published_job_ids(broker) -> set[int]:
     """The job ids of the `timeouts.run` and `timeouts.run_batch` messages waiting in the broker (no worker runs here)."""
-    ids = []
-    for raw in broker.lrange("celery", 0, -1):
-        message = json.loads(raw)
-        args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
-        if message["headers"]["task"] == "timeouts.run_batch":
-            ids.extend(item[0] for item in args[0])
-        else:
-            ids.append(args[0])
+    ids = [job_id for _name, job_ids, _limit in queued_messages(broker) for job_id in job_ids]
     assert len(ids) == len(set(ids)), "a task was published twice"
     return set(ids)
 

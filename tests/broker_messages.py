@@ -1,0 +1,15 @@
+"""The Celery messages waiting in a Redis broker queue, decoded (for tests that run no worker)."""
+
+import base64
+import json
+
+
+def queued_messages(broker, queue="celery") -> list[tuple[str, list[int], float]]:
+    """(task name, job ids, hard time limit) of each message waiting in `queue`, oldest first."""
+    found = []
+    for raw in reversed(broker.lrange(queue, 0, -1)):  # kombu pushes on the left
+        message = json.loads(raw)
+        args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+        job_ids = [item[0] for item in args[0]] if message["headers"]["task"] == "timeouts.run_batch" else [args[0]]
+        found.append((message["headers"]["task"], job_ids, message["headers"]["timelimit"][0]))
+    return found
