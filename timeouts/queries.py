@@ -90,7 +90,8 @@ def _kept_cursor(db, name):
     db.validate_thread_sharing()
     owner, cursors = _KEPT.get(db, (None, None))
     if owner is not db.connection:
-        owner, cursors = _KEPT[db] = (db.connection, {})
+        cursors = {}
+        _KEPT[db] = (db.connection, cursors)
     cursor = cursors.get(name)
     if cursor is None:
         cursor = cursors[name] = _KeptCursor(db.connection)
@@ -110,7 +111,7 @@ def fetch_one(name, params=None, *, using=None) -> dict | None:
 
 def fetch_values(name, params=None, *, using=None) -> tuple | None:
     """The first row as a tuple, in the query's column order. For schedule()'s hot path: psycopg
-    builds the column descriptions that dicts need on every call, which costs as much as the rest of
-    the Python around the INSERT."""
+    builds the column descriptions that dicts need on every call (about 0.02 ms of a 0.56 ms
+    schedule(), measured)."""
     with execute(name, params, using=using) as cursor:
         return cursor.fetchone()
