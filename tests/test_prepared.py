@@ -10,7 +10,7 @@ from django.db import connection, connections
 from timeouts import running
 from timeouts.claiming import claim_due
 from timeouts.models import TimeoutTask
-from timeouts.queries import QUERIES
+from timeouts.queries import QUERIES, on_partition
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
@@ -21,34 +21,41 @@ def prepared_statements() -> list[str]:
         return [row[0] for row in cursor.fetchall()]
 
 
-def is_prepared(name) -> bool:
+def is_prepared(name, partition=None) -> bool:
     # PostgreSQL shows the statement with $n placeholders: compare the text before the first one.
-    head = QUERIES[name].split("%(")[0]
+    text = QUERIES[name] if partition is None else on_partition(name, partition)
+    head = text.split("%(")[0]
     return any(statement.startswith(head) for statement in prepared_statements())
 
 
-def run_due_tasks(n):
+def run_due_tasks(n) -> str:
+    """Runs n due tasks; returns the partition they are in, where their starts and DONEs ran."""
     for key in range(n):
         TimeoutTask.objects.schedule("test.record", key, delay=-0.001)
-    for claim in claim_due(n):  # one claim; each start and DONE runs n times
+    claims = claim_due(n)  # one claim; each start and DONE runs n times
+    for claim in claims:
         assert running.run(*claim.message_args()) == "done"
+    [partition] = {claim.partition for claim in claims}
+    return partition
 
 
 def test_the_hot_path_is_prepared_and_the_hosts_queries_are_not(starts):
     assert connection.settings_dict["OPTIONS"].get("prepare_threshold") == 5
-    run_due_tasks(7)
+    partition = run_due_tasks(7)
     for _ in range(7):
         claim_due(10)
         list(TimeoutTask.objects.filter(biz_id="0"))  # a host's ORM query, 7 times
-    for name in ("insert_task", "claim_due", "start_task", "finish_task"):
+    for name in ("insert_task", "claim_due"):
         assert is_prepared(name), name
+    for name in ("start_task", "finish_task"):  # on the task's partition (test_on_partition.py)
+        assert is_prepared(name, partition), name
     assert len(prepared_statements()) == 4, "only those four ran more than prepare_threshold times"
 
 
 def test_a_prepared_start_survives_a_new_column(starts):
     # Its RETURNING * changes shape: psycopg prepares it again rather than failing.
-    run_due_tasks(7)  # start_task and finish_task are prepared now
-    assert is_prepared("start_task")
+    partition = run_due_tasks(7)  # start_task and finish_task are prepared now
+    assert is_prepared("start_task", partition)
     with connection.cursor() as cursor:
         cursor.execute("ALTER TABLE timeouts_task ADD COLUMN added_by_a_migration integer")
     try:

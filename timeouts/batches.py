@@ -24,14 +24,15 @@ logger = logging.getLogger(__name__)
 
 BUDGET = 1.0  # seconds a batch may run before it hands its unstarted tasks back
 
-Item = namedtuple("Item", "job_id action_time attempt run_at")
+# partition: where the claim found the row (messages from before it was sent have none).
+Item = namedtuple("Item", "job_id action_time attempt run_at partition", defaults=(None,))
 
 
 def run_batch(items) -> str:
     """Run the batch's tasks in order; returns a summary of the outcomes."""
     # action_time stays the message's text: run() takes it so, and release() casts it in SQL.
-    items = [Item(job_id, action_time, attempt, datetime.fromisoformat(run_at))
-             for job_id, action_time, attempt, run_at in items]
+    items = [Item(job_id, action_time, attempt, datetime.fromisoformat(run_at), *partition)
+             for job_id, action_time, attempt, run_at, *partition in items]
     began = time.monotonic()
     outcomes = Counter()
     for index, item in enumerate(items):
@@ -43,7 +44,7 @@ def run_batch(items) -> str:
         # is left of the budget lasts exactly as long, so no handler runs on after its lease.
         lease_extra = max(0.0, BUDGET - (time.monotonic() - began))
         try:
-            outcome = running.run(item.job_id, item.action_time, item.attempt, lease_extra)
+            outcome = running.run(item.job_id, item.action_time, item.attempt, item.partition, lease_extra)
         except Exception:
             # The message fails and is acknowledged: without this, the tasks after this one would
             # wait out their claim's lease.

@@ -25,6 +25,7 @@ class Claim:
     attempt: int  # the attempt this dispatch will be, if it starts
     ttr: int
     claimed_at: datetime  # database clock
+    partition: str | None = None  # the partition that held the row when it was claimed
 
     @property
     def eta(self):
@@ -32,13 +33,13 @@ class Claim:
         return self.run_at if self.run_at > self.claimed_at else None
 
     def message_args(self):
-        """What `timeouts.run` receives: enough to address the row (with its partition) and to fence
-        stale messages."""
-        return [self.job_id, self.action_time.isoformat(), self.attempt]
+        """What `timeouts.run` receives: enough to address the row (its key, and the partition where
+        the worker's UPDATEs can go straight) and to fence stale messages."""
+        return [self.job_id, self.action_time.isoformat(), self.attempt, self.partition]
 
     def batch_item(self):
         """One task of a `timeouts.run_batch` message: run_at too, so the worker can wait for it."""
-        return [*self.message_args(), self.run_at.isoformat()]
+        return [self.job_id, self.action_time.isoformat(), self.attempt, self.run_at.isoformat(), self.partition]
 
 
 def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
@@ -56,7 +57,7 @@ def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
         (
             Claim(
                 row["job_id"], row["action_time"], row["run_at"], row["biz_type"], row["attempts"] + 1, row["ttr"],
-                row["claimed_at"],
+                row["claimed_at"], row["partition"],
             )
             for row in rows
         ),

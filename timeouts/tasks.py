@@ -38,10 +38,11 @@ def scan():
 
 # acks_late + reject_on_worker_lost: a message whose worker died is delivered again; the
 # compare-and-set then drops it if the attempt had already started (lease recovery retries that).
+# `partition` (where the claim found the row) came later: messages without it still run.
 @shared_task(name="timeouts.run", ignore_result=True, acks_late=True, reject_on_worker_lost=True)
-def run(job_id, action_time, attempt):
+def run(job_id, action_time, attempt, partition=None):
     with _after_the_message():
-        return running.run(job_id, action_time, attempt)
+        return running.run(job_id, action_time, attempt, partition)
 
 
 # Tasks due together, in one message (RUN_BATCH_SIZE): each still runs as `run` above would. A

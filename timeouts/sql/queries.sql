@@ -130,7 +130,9 @@ FROM due
 WHERE t.job_id = due.job_id AND t.action_time = due.action_time
   -- Repeated for the UPDATE's own scan, so it too skips future partitions.
   AND t.action_time <= now() + %(lead)s * interval '1 second'
-RETURNING t.job_id, t.action_time, t.run_at, t.biz_type, t.attempts, t.ttr, now() AS claimed_at;
+-- The partition that holds the row: the worker's start and DONE run on it (queries.py, ON_PARTITION).
+RETURNING t.job_id, t.action_time, t.run_at, t.biz_type, t.attempts, t.ttr, now() AS claimed_at,
+          t.tableoid::regclass::text AS partition;
 
 
 -- name: release_claims
