@@ -113,7 +113,7 @@ WITH dispatched AS (
     ) AS capped
 ),
 due AS (
-    SELECT job_id, action_time
+    SELECT job_id, action_time, tableoid, ctid
     FROM timeouts_task
     WHERE status = 0
       AND run_at <= now() + %(lead)s * interval '1 second'
@@ -127,7 +127,13 @@ due AS (
 UPDATE timeouts_task AS t
 SET status = 1, dispatched_at = now(), modified_at = now(), lease_until = now() + t.ttr * interval '1 second'
 FROM due
-WHERE t.job_id = due.job_id AND t.action_time = due.action_time
+-- Each row is found again where `due` locked it (it cannot move while locked): its partition, then
+-- its ctid. Joined by key alone, a partition whose statistics predate a burst scheduled into it is
+-- searched through the admin's (action_time) index, which then reads every task due at that
+-- instant for each one claimed (measured: 56 ms for 500 of 1,000 tasks due at once, against 10 ms).
+-- A row that another transaction changed after this statement's snapshot is not found again here:
+-- it stays PENDING, and the next claim takes it.
+WHERE t.tableoid = due.tableoid AND t.ctid = due.ctid AND t.job_id = due.job_id AND t.action_time = due.action_time
   -- Repeated for the UPDATE's own scan, so it too skips future partitions.
   AND t.action_time <= now() + %(lead)s * interval '1 second'
 -- The partition that holds the row: the worker's start and DONE run on it (queries.py, ON_PARTITION).
@@ -149,12 +155,14 @@ RETURNING timeouts_notify_v1(%(channel)s, t.run_at, clock_timestamp() + %(horizo
 -- still DISPATCHED, due by the database clock) may start the handler. A cancel that committed
 -- first changed the status, so this matches nothing and the handler never runs. The lease is the
 -- TTR, plus what is left of a batch's budget (lease_extra): Celery's time limit on the batch.
+-- The state is compared with IS NOT DISTINCT FROM (`=` for these NOT NULL columns) so that only
+-- the primary key can find the row: see queries.py, ON_PARTITION.
 UPDATE timeouts_task
 SET status = 4, attempts = attempts + 1, started_at = c.now, modified_at = c.now,
     lease_until = c.now + (ttr + %(lease_extra)s) * interval '1 second'
 FROM (SELECT clock_timestamp() AS now) AS c
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s
-  AND status = 1 AND attempts = %(attempt)s - 1 AND run_at <= c.now
+  AND (status, attempts) IS NOT DISTINCT FROM (1, %(attempt)s - 1) AND run_at <= c.now
 RETURNING timeouts_task.*;
 
 
@@ -169,10 +177,12 @@ WHERE job_id = %(job_id)s AND action_time = %(action_time)s;
 -- transaction only): if a database crash loses it, the task is still RUNNING, its lease runs out
 -- and it runs again: at least once still holds, and the worker saves a disk flush per task. The
 -- start (start_task) stays durable: a cancel() must never succeed after a handler started.
+-- The state is compared as in start_task.
 UPDATE timeouts_task
 SET status = 2, finished_at = c.now, modified_at = c.now, lease_until = NULL
 FROM (SELECT clock_timestamp() AS now, set_config('synchronous_commit', 'off', true)) AS c
-WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status = 4 AND attempts = %(attempt)s
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s
+  AND (status, attempts) IS NOT DISTINCT FROM (4, %(attempt)s)
 RETURNING job_id;
 
 
