@@ -161,8 +161,7 @@ def fetch_one(name, params=None, *, using=None, partition=None) -> dict | None:
 
 
 def fetch_values(name, params=None, *, using=None) -> tuple | None:
-    """The first row as a tuple, in the query's column order. For schedule()'s hot path: psycopg
-    builds the column descriptions that dicts need on every call (about 0.02 ms of a 0.56 ms
-    schedule(), measured)."""
+    """The first row as a tuple, in the query's column order, for schedule()'s hot path, which
+    reads it by position: no column names, no dict."""
     with execute(name, params, using=using) as cursor:
         return cursor.fetchone()
