@@ -20,8 +20,8 @@ def listener():
     conn = psycopg.connect(**params, autocommit=True)
     conn.execute('LISTEN "timeouts"')
 
-    def received():
-        return [float(n.payload) for n in conn.notifies(timeout=0.3)]
+    def received(raw=False):
+        return [n.payload if raw else float(n.payload) for n in conn.notifies(timeout=0.3)]
 
     yield received
     conn.close()
@@ -34,6 +34,19 @@ def epoch(dt):
 def test_a_task_due_within_the_horizon_notifies_its_deadline(listener):
     task = TimeoutTask.objects.schedule("test.record", 1, delay=5)
     assert listener() == [pytest.approx(epoch(task.action_time), abs=1e-6)]
+
+
+def test_outside_a_transaction_the_insert_notifies_itself_with_the_functions_payload(listener):
+    # In autocommit, schedule() runs insert_task_autocommit, which calls pg_notify() itself; inside
+    # a transaction insert_task goes through timeouts_notify_v1. Dispatchers must read the same text.
+    at = datetime.now(timezone.utc).replace(microsecond=123456) + timedelta(seconds=5)
+    TimeoutTask.objects.schedule("test.record", 1, at=at)
+    with transaction.atomic():
+        TimeoutTask.objects.schedule("test.record", 2, at=at)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT extract(epoch FROM %s::timestamptz)::text", [at])
+        expected = cursor.fetchone()[0]
+    assert listener(raw=True) == [expected, expected]
 
 
 def test_a_task_beyond_the_horizon_does_not_notify(listener):

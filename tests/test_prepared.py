@@ -45,7 +45,7 @@ def test_the_hot_path_is_prepared_and_the_hosts_queries_are_not(starts):
     for _ in range(7):
         claim_due(10)
         list(TimeoutTask.objects.filter(biz_id="0"))  # a host's ORM query, 7 times
-    for name in ("insert_task", "claim_due"):
+    for name in ("insert_task_autocommit", "claim_due"):  # schedule() outside a transaction
         assert is_prepared(name), name
     for name in ("start_task", "finish_task"):  # on the task's partition (test_on_partition.py)
         assert is_prepared(name, partition), name
@@ -91,12 +91,12 @@ def kept_cursor(name):
 def test_each_hot_query_keeps_one_cursor_per_connection_and_a_new_connection_gets_new_ones():
     # psycopg caches the dumpers and loaders per cursor: a kept cursor skips looking them up again.
     TimeoutTask.objects.schedule("test.record", 1, delay=60)
-    kept = kept_cursor("insert_task")
+    kept = kept_cursor("insert_task_autocommit")
     TimeoutTask.objects.schedule("test.record", 2, delay=60)
-    assert kept_cursor("insert_task") is kept and not kept.closed
+    assert kept_cursor("insert_task_autocommit") is kept and not kept.closed
     connection.close()
     TimeoutTask.objects.schedule("test.record", 3, delay=60)
-    assert kept_cursor("insert_task") is not kept
+    assert kept_cursor("insert_task_autocommit") is not kept
     assert TimeoutTask.objects.count() == 3
 
 
@@ -121,7 +121,7 @@ def test_the_hot_path_keeps_djangos_query_log_hooks_and_errors():
     with CaptureQueriesContext(connection) as logged, connection.execute_wrapper(
             lambda execute, sql, params, many, context: seen.append(sql) or execute(sql, params, many, context)):
         TimeoutTask.objects.schedule("test.record", 1, delay=60)
-    head = QUERIES["insert_task"].split("%(")[0]
+    head = QUERIES["insert_task_autocommit"].split("%(")[0]
     assert len(seen) == 1 and seen[0].startswith(head)  # one INSERT, hooked
     assert [q["sql"][:len(head)] for q in logged.captured_queries] == [head]  # and logged
 

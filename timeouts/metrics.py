@@ -1,6 +1,7 @@
 """Prometheus metrics, when prometheus_client is installed (pip install "django-timeouts[prometheus]").
 
-Counters, per biz_type, counted where the event happens (timeouts.events) and once it committed:
+Counters, per biz_type, counted where the event happens and once it committed (timeouts.events
+calls record()):
 
     timeouts_scheduled_total, timeouts_dispatched_total, timeouts_done_total,
     timeouts_retried_total, timeouts_dead_total, timeouts_cancelled_total
@@ -31,7 +32,7 @@ import os
 
 from django.http import HttpResponse
 
-from . import events, stats
+from . import stats
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ HELP = {
 # Our own registry in single-process mode: a host's default registry is left alone. In multiprocess
 # mode the values go to PROMETHEUS_MULTIPROC_DIR whatever the registry.
 REGISTRY = CollectorRegistry(auto_describe=True) if prometheus_client else None
+COUNTING = prometheus_client is not None  # timeouts.events calls record() only then
 COUNTERS = {}
 LATENESS = None
 
@@ -68,16 +70,13 @@ if prometheus_client:
                          ["biz_type"], buckets=LATENESS_BUCKETS, registry=REGISTRY)
 
 
-def record(sender=None, *, event, biz_type, count=1, lateness=None, **kwargs):
-    """The task_event receiver."""
+def record(event, biz_type, count=1, lateness=None):
+    """Count one event of timeouts.events (the label given by position: labels(biz_type=) checks and
+    sorts the keyword names on every call)."""
     if event in COUNTERS:
-        COUNTERS[event].labels(biz_type=biz_type).inc(count)
+        COUNTERS[event].labels(biz_type).inc(count)
     elif event == "started" and lateness is not None:
-        LATENESS.labels(biz_type=biz_type).observe(max(lateness, 0.0))
-
-
-if prometheus_client:
-    events.task_event.connect(record, dispatch_uid="timeouts.metrics.record")
+        LATENESS.labels(biz_type).observe(max(lateness, 0.0))
 
 
 class DatabaseCollector:

@@ -111,6 +111,16 @@ class TimeoutTask(models.Model):
         task.apply_row(row)
         return task
 
+    @classmethod
+    def inserted(cls, using, *, job_id, biz_type, biz_id, action_time, attribute, max_attempts, ttr, created_at):
+        """The task schedule() has just inserted (attribute already loaded): every other column has its
+        value for a new task. Built as the ORM builds a fetched row, every column in field order, which
+        costs half of from_row() on schedule()'s hot path (test_api checks it against a fetch)."""
+        return cls.from_db(using, None, (
+            job_id, biz_type, biz_id, cls.Status.PENDING, action_time, action_time, attribute, 0, max_attempts,
+            ttr, "", None, created_at, created_at, None, None, None,
+        ))
+
     def apply_row(self, row: dict):
         for field in self._meta.concrete_fields:
             if field.column in row:

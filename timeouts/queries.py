@@ -50,7 +50,7 @@ QUERIES = _load()
 # host sets DATABASES OPTIONS "prepare_threshold" (not behind a pooler that cannot keep prepared
 # statements); its own cursors bind on the client and never prepare, so nothing else of the host's
 # changes. A migration that adds a column is harmless: psycopg prepares again (test_prepared.py).
-PREPARED = frozenset({"insert_task", "claim_due", "start_task", "finish_task", "fail_task"})
+PREPARED = frozenset({"insert_task", "insert_task_autocommit", "claim_due", "start_task", "finish_task", "fail_task"})
 
 
 def execute(name, params=None, *, using=None, partition=None):

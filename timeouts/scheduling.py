@@ -4,6 +4,7 @@ Input is validated completely before the first statement, so a rejected call sto
 Both run in the caller's transaction when there is one: a rollback means the task never existed.
 """
 
+import json
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -21,7 +22,7 @@ ADVISORY_LOCK_NAMESPACE = 0x74696D65  # "time"
 COPY_COLUMNS = ("biz_type", "biz_id", "action_time", "run_at", "attribute", "max_attempts", "ttr")
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class NewTask:
     biz_type: str
     biz_id: str
@@ -64,7 +65,8 @@ def prepare(biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflic
 def schedule(model, biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=None, using="default"):
     new = prepare(biz_type, biz_id, at=at, delay=delay, attribute=attribute, on_conflict=on_conflict)
     if new.on_conflict is None:
-        return events.scheduled(_insert(model, new, connections[using]), using)
+        connection = connections[using]
+        return events.scheduled(_insert(model, new, connection), using, connection)
     with transaction.atomic(using=using):
         task, _created = _schedule_keyed(model, new, using)
     return task
@@ -93,18 +95,19 @@ def _schedule_keyed(model, new: NewTask, using):
             return model.from_row(waiting[0], using), False
         replaced = execute("cancel_by_key", {**key, "statuses": [0, 1]}, using=connection)
         events.cancelled_rows(new.biz_type, replaced, using)
-    return events.scheduled(_insert(model, new, connection), using), True
+    return events.scheduled(_insert(model, new, connection), using, connection), True
 
 
 def _insert(model, new: NewTask, connection):
-    """INSERT one task; returns it as stored: insert_task returns what the database decided, the call
-    gives the rest, and every other field has its default (from_row starts from a new instance)."""
-    job_id, action_time, attribute, created_at, _notified = fetch_values("insert_task", new.params(), using=connection)
-    return model.from_row({
-        "job_id": job_id, "biz_type": new.biz_type, "biz_id": new.biz_id, "action_time": action_time,
-        "run_at": action_time, "attribute": attribute, "max_attempts": new.max_attempts, "ttr": new.ttr,
-        "created_at": created_at, "modified_at": created_at,
-    }, connection.alias)
+    """INSERT one task; returns it as stored: the query returns what the database decided, the call
+    gives the rest. A statement that is its own transaction notifies without the once-per-transaction
+    function (insert_task_autocommit)."""
+    query = "insert_task_autocommit" if connection.get_autocommit() else "insert_task"
+    job_id, action_time, attribute, created_at, _notified = fetch_values(query, new.params(), using=connection)
+    return model.inserted(
+        connection.alias, job_id=job_id, biz_type=new.biz_type, biz_id=new.biz_id, action_time=action_time,
+        attribute=json.loads(attribute), max_attempts=new.max_attempts, ttr=new.ttr, created_at=created_at,
+    )
 
 
 def bulk_schedule(model, items, *, using="default") -> int:
