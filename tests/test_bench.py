@@ -57,9 +57,10 @@ def test_tiny_run_writes_json_with_every_field_and_loses_nothing(tmp_path):
     assert runs[("drain", "scan")]["claim_per_s"] is None  # 50 tasks are one claim: no rate
     for path in paths:
         assert runs[("publish", path)]["claimed"] == 50, runs[("publish", path)]
-    for variant in ("raw_insert", "single", "single_notify", "raw_copy", "bulk", "bulk_notify"):
+    for variant in ("raw_insert", "single", "single_notify", "raw_insert_notify", "raw_copy", "bulk", "bulk_notify"):
         assert runs[("schedule", variant)]["sched_per_s"] > 0
     assert runs[("schedule", "single_notify")]["notifications"] >= 1
+    assert runs[("schedule", "raw_insert_notify")]["notifications"] >= 1
     assert runs[("schedule", "single")]["notifications"] == 0
     for path in ["scan"] + (["dispatcher"] if dispatcher else []):
         assert runs[("idle", path)]["idle_qps"] is not None

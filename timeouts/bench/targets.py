@@ -127,7 +127,7 @@ def schedule_ratios(runs) -> dict:
     """schedule variants against the raw baselines of the same repeat."""
     out = {}
     for variant, raw in (("single", "raw_insert"), ("single_notify", "raw_insert"),
-                         ("bulk", "raw_copy"), ("bulk_notify", "raw_copy")):
+                         ("single_notify", "raw_insert_notify"), ("bulk", "raw_copy"), ("bulk_notify", "raw_copy")):
         s = paired(runs, "schedule", variant, raw, "sched_per_s")
         if s:
             out[f"{variant}/{raw}"] = {"sched_per_s": s}

@@ -5,16 +5,25 @@ NOTIFY is sent only for tasks due within NOTIFY_HORIZON: "with" schedules tasks 
 seconds, "without" tasks due in an hour. A LISTEN connection counts the notifications, so the JSON
 shows that "with" really notified and "without" did not.
 
-The three single-row variants take turns, a tenth of their rows at a time (TURNS), on one table
-emptied before them: one call costs well under a millisecond, and the machine's speed drifts by a
-third within a minute here, which run one after the other fell on one variant and not the next
-(ratios 0.38-0.65 between repeats). The bulk variants run one after the other, each on an empty
-table.
+The single-row variants take turns, a tenth of their rows at a time (TURNS), on one table emptied
+before them: one call costs well under a millisecond, and the machine's speed drifts by a third
+within a minute here, which run one after the other fell on one variant and not the next (ratios
+0.38-0.65 between repeats). Each turn starts one variant later, so none always follows the same one.
+They all run on one connection, the bench alias's Django connection (the raw INSERTs through a
+plain psycopg cursor on it, which binds on the server and is prepared like schedule()'s INSERT):
+measured side by side, a block of calls that follows a block on another connection ran 30-50 us a
+call slower all through, whichever code it ran, so with a connection each the ratio depended on
+the order (BENCHMARKS.md, seventh session). "raw INSERT + NOTIFY" notifies from the same statement,
+as schedule() does for a task due soon: NOTIFY's own cost, apart from ours.
+The bulk variants run one after the other, each on an empty table.
 """
 
 import json
 import time
 from datetime import timedelta
+
+import psycopg
+from django.db import connections
 
 from timeouts.conf import get_settings
 from timeouts.scheduling import COPY_COLUMNS
@@ -26,10 +35,11 @@ from .workload import db_now, schedule_bulk, schedule_each
 
 RAW_INSERT = (f"INSERT INTO timeouts_task ({', '.join(COPY_COLUMNS)}) "
               "VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s)")
+RAW_INSERT_NOTIFY = RAW_INSERT + " RETURNING pg_notify(%s, extract(epoch FROM run_at)::text) IS NOT NULL"
 RAW_COPY = f"COPY timeouts_task ({', '.join(COPY_COLUMNS)}) FROM STDIN"
 
 # (name, notify): the single-row variants, taking turns
-SINGLE_VARIANTS = (("raw_insert", False), ("single", False), ("single_notify", True))
+SINGLE_VARIANTS = (("raw_insert", False), ("single", False), ("single_notify", True), ("raw_insert_notify", True))
 TURNS = 10
 NEVER_NOTIFIED = "NOTIFY_HORIZON is 0: nothing is ever notified"
 # (name, kind, notify) of the bulk variants, in the order they run within a repeat
@@ -54,10 +64,12 @@ def _times(conn, n, notify):
     return [base + timedelta(milliseconds=i % 1000) for i in range(n)]
 
 
-def raw_single(conn, rows):
-    with conn.cursor() as cursor:
+def raw_single(conn, rows, channel=None):
+    """One autocommit INSERT per row; with `channel`, each also NOTIFYs there."""
+    query, extra = (RAW_INSERT, ()) if channel is None else (RAW_INSERT_NOTIFY, (channel,))
+    with psycopg.Cursor(conn) as cursor:  # binds on the server, whatever the connection's default
         for row in rows:
-            cursor.execute(RAW_INSERT, row)
+            cursor.execute(query, row + extra)
 
 
 def raw_copy(conn, rows) -> float:
@@ -80,6 +92,8 @@ def run(ctx, rep) -> dict:
         "single_vs_raw_insert": _ratio(results["single"].get("sched_per_s"), results["raw_insert"]["sched_per_s"]),
         "single_notify_vs_raw_insert": _ratio(results["single_notify"].get("sched_per_s"),
                                               results["raw_insert"]["sched_per_s"]),
+        "single_notify_vs_raw_insert_notify": _ratio(results["single_notify"].get("sched_per_s"),
+                                                     results.get("raw_insert_notify", {}).get("sched_per_s")),
         "bulk_vs_raw_copy": _ratio(results["bulk"].get("sched_per_s"), results["raw_copy"]["sched_per_s"]),
         "bulk_notify_vs_raw_copy": _ratio(results["bulk_notify"].get("sched_per_s"), results["raw_copy"]["sched_per_s"]),
     }
@@ -87,22 +101,27 @@ def run(ctx, rep) -> dict:
 
 
 def _single_row(ctx, listener) -> dict:
-    """raw INSERT, schedule() and schedule() with NOTIFY, a tenth of their rows at a time in turn."""
+    """raw INSERT, schedule() and schedule() with NOTIFY, and raw INSERT + NOTIFY, a tenth of their
+    rows at a time in turn, on one connection."""
     n = ctx.cfg.n_single
-    variants = [(name, notify) for name, notify in SINGLE_VARIANTS if not notify or get_settings().NOTIFY_HORIZON > 0]
+    settings = get_settings()
+    variants = [(name, notify) for name, notify in SINGLE_VARIANTS if not notify or settings.NOTIFY_HORIZON > 0]
     reset(ctx.conn)
     times = {notify: _times(ctx.conn, n, notify) for notify in (False, True)}
-    raw_rows = _rows(times[False])
+    raw_rows = {notify: _rows(times[notify]) for notify in (False, True)}
+    connection = connections[ctx.alias]
+    connection.ensure_connection()
     names = [name for name, _ in variants]
     seconds, notifications = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
     progress = Progress("raw INSERT / schedule() / with NOTIFY, in turns", n * len(variants))
     step = max(1, -(-n // TURNS))
-    for first in range(0, n, step):
+    for turn, first in enumerate(range(0, n, step)):
         last = min(n, first + step)
-        for name, notify in variants:
+        for name, notify in variants[turn % len(variants):] + variants[:turn % len(variants)]:
             started = time.perf_counter()
-            if name == "raw_insert":
-                raw_single(ctx.conn, raw_rows[first:last])
+            if name.startswith("raw_insert"):
+                raw_single(connection.connection, raw_rows[notify][first:last],
+                           settings.NOTIFY_CHANNEL if notify else None)
             else:
                 schedule_each(ctx.alias, range(first, last), times[notify][first:last])
             seconds[name] += time.perf_counter() - started
@@ -110,11 +129,13 @@ def _single_row(ctx, listener) -> dict:
             notifications[name] += sum(1 for _ in listener.notifies(timeout=0.2 if notify else 0.05))
         progress.update(last * len(variants))
     progress.finish(n * len(variants))
-    apis = {"raw_insert": "raw INSERT (autocommit)", "single": "schedule()", "single_notify": "schedule()"}
+    apis = {"raw_insert": "raw INSERT (autocommit)", "single": "schedule()", "single_notify": "schedule()",
+            "raw_insert_notify": "raw INSERT + NOTIFY (autocommit)"}
     results = {name: {"sched_api": apis[name], "sched_per_s": round(n / seconds[name]), "n": n, "turns": TURNS,
                       "notifications": notifications[name]} for name in seconds}
-    if "single_notify" not in results:
-        results["single_notify"] = {"n": n, "skipped": NEVER_NOTIFIED}
+    for name, notify in SINGLE_VARIANTS:
+        if name not in results:
+            results[name] = {"n": n, "skipped": NEVER_NOTIFIED}
     return results
 
 
