@@ -13,8 +13,12 @@ They all run on one connection, the bench alias's Django connection (the raw INS
 plain psycopg cursor on it, which binds on the server and is prepared like schedule()'s INSERT):
 measured side by side, a block of calls that follows a block on another connection ran 30-50 us a
 call slower all through, whichever code it ran, so with a connection each the ratio depended on
-the order (BENCHMARKS.md, seventh session). "raw INSERT + NOTIFY" notifies from the same statement,
-as schedule() does for a task due soon: NOTIFY's own cost, apart from ours.
+the order (BENCHMARKS.md, seventh session). Nothing waits between the turns: a block that starts
+after the machine idled runs its CPU-heavier calls slower (schedule() at 0.67-0.73x of the raw
+INSERT with 50 ms pauses, 0.76-0.81x without, side by side), so the notifications are counted once,
+after the last turn, each variant's by the second its tasks are due in. "raw INSERT + NOTIFY"
+notifies from the same statement, as schedule() does for a task due soon: NOTIFY's own cost, apart
+from ours.
 The bulk variants run one after the other, each on an empty table.
 """
 
@@ -57,10 +61,11 @@ def _rows(times):
             for key, at in enumerate(times)]
 
 
-def _times(conn, n, notify):
+def _times(conn, n, notify, second=0):
+    """n due times within one second: `second` seconds after the first one of their kind."""
     horizon = get_settings().NOTIFY_HORIZON
     ahead = min(10.0, horizon / 2) if notify else 3600.0
-    base = db_now(conn) + timedelta(seconds=ahead)
+    base = db_now(conn) + timedelta(seconds=ahead + second)
     return [base + timedelta(milliseconds=i % 1000) for i in range(n)]
 
 
@@ -107,12 +112,15 @@ def _single_row(ctx, listener) -> dict:
     settings = get_settings()
     variants = [(name, notify) for name, notify in SINGLE_VARIANTS if not notify or settings.NOTIFY_HORIZON > 0]
     reset(ctx.conn)
-    times = {notify: _times(ctx.conn, n, notify) for notify in (False, True)}
-    raw_rows = {notify: _rows(times[notify]) for notify in (False, True)}
+    # Each variant's tasks are due within a second of their own, so a notification tells whose it is.
+    times, of_kind = {}, {False: 0, True: 0}
+    for name, notify in variants:
+        times[name] = _times(ctx.conn, n, notify, second=of_kind[notify])
+        of_kind[notify] += 1
+    raw_rows = {name: _rows(times[name]) for name in times if name.startswith("raw_insert")}
     connection = connections[ctx.alias]
     connection.ensure_connection()
-    names = [name for name, _ in variants]
-    seconds, notifications = dict.fromkeys(names, 0.0), dict.fromkeys(names, 0)
+    seconds = dict.fromkeys(times, 0.0)
     progress = Progress("raw INSERT / schedule() / with NOTIFY, in turns", n * len(variants))
     step = max(1, -(-n // TURNS))
     for turn, first in enumerate(range(0, n, step)):
@@ -120,15 +128,14 @@ def _single_row(ctx, listener) -> dict:
         for name, notify in variants[turn % len(variants):] + variants[:turn % len(variants)]:
             started = time.perf_counter()
             if name.startswith("raw_insert"):
-                raw_single(connection.connection, raw_rows[notify][first:last],
+                raw_single(connection.connection, raw_rows[name][first:last],
                            settings.NOTIFY_CHANNEL if notify else None)
             else:
-                schedule_each(ctx.alias, range(first, last), times[notify][first:last])
+                schedule_each(ctx.alias, range(first, last), times[name][first:last])
             seconds[name] += time.perf_counter() - started
-            # Delivered at each commit; counted between turns, out of the timed part.
-            notifications[name] += sum(1 for _ in listener.notifies(timeout=0.2 if notify else 0.05))
         progress.update(last * len(variants))
     progress.finish(n * len(variants))
+    notifications = _notifications_by_variant(listener, times)
     apis = {"raw_insert": "raw INSERT (autocommit)", "single": "schedule()", "single_notify": "schedule()",
             "raw_insert_notify": "raw INSERT + NOTIFY (autocommit)"}
     results = {name: {"sched_api": apis[name], "sched_per_s": round(n / seconds[name]), "n": n, "turns": TURNS,
@@ -137,6 +144,21 @@ def _single_row(ctx, listener) -> dict:
         if name not in results:
             results[name] = {"n": n, "skipped": NEVER_NOTIFIED}
     return results
+
+
+def _notifications_by_variant(listener, times) -> dict:
+    """Read every notification delivered so far (until none comes for half a second) and count each
+    for the variant whose tasks are due in the second its payload (a deadline) falls in."""
+    windows = {name: (due[0].timestamp(), due[0].timestamp() + 1.0) for name, due in times.items()}
+    counts = dict.fromkeys(times, 0)
+    while True:
+        payloads = [float(note.payload) for note in listener.notifies(timeout=0.5)]
+        if not payloads:
+            return counts
+        for deadline in payloads:
+            for name, (start, end) in windows.items():
+                if start <= deadline < end:
+                    counts[name] += 1
 
 
 def _bulk(ctx, listener) -> dict:
