@@ -11,11 +11,12 @@
 -- own clock (statement_timestamp(): one value for the whole statement, so action_time = run_at and
 -- created_at = modified_at). Wakes the dispatchers when the task is due within the horizon (one
 -- round trip for both) through timeouts_notify_v1, which sends at most one NOTIFY per transaction;
--- the CASE calls it only then, since a PL/pgSQL call costs more than the comparison. Returns what
--- the database decided (the caller knows the rest; the attribute as jsonb gives it back, which can
--- differ from what was passed: 1e16 comes back an int), in this order: this is schedule()'s hot
--- path, and every column returned costs (measured side by side: the attribute alone 12 us of a
--- 0.3 ms INSERT; a CTE returning the row a third more).
+-- the CASE calls it only then, since a PL/pgSQL call costs more than the comparison. For a
+-- statement that is its own transaction, queries.py derives insert_task_autocommit, which calls
+-- pg_notify() itself. Returns what the database decided (the caller knows the rest; the attribute
+-- as jsonb gives it back, which can differ from what was passed: 1e16 comes back an int), in this
+-- order: this is schedule()'s hot path, and every column returned costs (measured side by side:
+-- the attribute alone 12 us of a 0.3 ms INSERT; a CTE returning the row a third more).
 INSERT INTO timeouts_task
     (biz_type, biz_id, action_time, run_at, attribute, max_attempts, ttr, created_at, modified_at)
 VALUES (%(biz_type)s, %(biz_id)s,
@@ -25,25 +26,6 @@ VALUES (%(biz_type)s, %(biz_id)s,
 RETURNING job_id, action_time, attribute, created_at,
     CASE WHEN run_at <= created_at + %(horizon)s * interval '1 second'
          THEN timeouts_notify_v1(%(channel)s, run_at, created_at + %(horizon)s * interval '1 second')
-         ELSE false END AS notified;
-
-
--- name: insert_task_autocommit
--- insert_task for a statement that is its own transaction (schedule() outside any atomic block,
--- the common case): it can notify at most once anyway, so it calls pg_notify() itself, with the
--- payload timeouts_notify_v1 sends (the deadline as Unix epoch seconds), and skips the PL/pgSQL
--- call and its once-per-transaction bookkeeping (measured side by side: 30 us of a 0.35 ms
--- schedule() that notifies; BENCHMARKS.md). pg_notify() returns void, which IS NOT NULL: `notified`
--- reads true when it notified, as from insert_task.
-INSERT INTO timeouts_task
-    (biz_type, biz_id, action_time, run_at, attribute, max_attempts, ttr, created_at, modified_at)
-VALUES (%(biz_type)s, %(biz_id)s,
-        coalesce(%(at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
-        coalesce(%(at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
-        %(attribute)s::jsonb, %(max_attempts)s, %(ttr)s, statement_timestamp(), statement_timestamp())
-RETURNING job_id, action_time, attribute, created_at,
-    CASE WHEN run_at <= created_at + %(horizon)s * interval '1 second'
-         THEN pg_notify(%(channel)s, extract(epoch FROM run_at)::text) IS NOT NULL
          ELSE false END AS notified;
 
 
