@@ -37,12 +37,11 @@ DEAD = 5
 task_event = Signal()
 
 
-def emit(event, biz_type, count=1, *, lateness=None, using=DEFAULT_DB_ALIAS, connection=None):
-    """`connection`: the connection of `using`, when the caller has it at hand (schedule()'s hot path)."""
+def emit(event, biz_type, count=1, *, lateness=None, using=DEFAULT_DB_ALIAS):
     # Not has_listeners(): it works out the live receivers, which sending does again.
     if count <= 0 or not (metrics.COUNTING or task_event.receivers):
         return
-    if (connection or connections[using]).in_atomic_block:
+    if connections[using].in_atomic_block:
         transaction.on_commit(partial(_send, event, biz_type, count, lateness), using=using)
     else:
         _send(event, biz_type, count, lateness)
@@ -65,8 +64,8 @@ def _send(event, biz_type, count, lateness):
 
 # --- Called by the runtime -----------------------------------------------------------------------
 
-def scheduled(task, using=DEFAULT_DB_ALIAS, connection=None):
-    emit("scheduled", task.biz_type, using=using, connection=connection)
+def scheduled(task, using=DEFAULT_DB_ALIAS):
+    emit("scheduled", task.biz_type, using=using)
     return task
 
 

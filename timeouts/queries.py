@@ -2,7 +2,9 @@
 
 Every runtime query lives under a `-- name: <name>` header in `sql/queries.sql` (tasks) or
 `sql/partitions.sql` (partition maintenance) or `sql/dispatcher.sql` (the dispatcher), so the SQL that runs in production can be read,
-reviewed and EXPLAINed in one place.
+reviewed and EXPLAINed in one place. Two kinds of variant are derived from them here, by one checked
+text replacement each, rather than written out again: insert_task_autocommit, and the worker's
+updates run on one partition (on_partition()).
 """
 
 import functools

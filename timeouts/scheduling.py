@@ -22,7 +22,7 @@ ADVISORY_LOCK_NAMESPACE = 0x74696D65  # "time"
 COPY_COLUMNS = ("biz_type", "biz_id", "action_time", "run_at", "attribute", "max_attempts", "ttr")
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True)
 class NewTask:
     biz_type: str
     biz_id: str
@@ -65,8 +65,7 @@ def prepare(biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflic
 def schedule(model, biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=None, using="default"):
     new = prepare(biz_type, biz_id, at=at, delay=delay, attribute=attribute, on_conflict=on_conflict)
     if new.on_conflict is None:
-        connection = connections[using]
-        return events.scheduled(_insert(model, new, connection), using, connection)
+        return events.scheduled(_insert(model, new, connections[using]), using)
     with transaction.atomic(using=using):
         task, _created = _schedule_keyed(model, new, using)
     return task
@@ -95,7 +94,7 @@ def _schedule_keyed(model, new: NewTask, using):
             return model.from_row(waiting[0], using), False
         replaced = execute("cancel_by_key", {**key, "statuses": [0, 1]}, using=connection)
         events.cancelled_rows(new.biz_type, replaced, using)
-    return events.scheduled(_insert(model, new, connection), using, connection), True
+    return events.scheduled(_insert(model, new, connection), using), True
 
 
 def _insert(model, new: NewTask, connection):
