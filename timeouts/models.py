@@ -113,9 +113,11 @@ class TimeoutTask(models.Model):
 
     @classmethod
     def inserted(cls, using, *, job_id, biz_type, biz_id, action_time, attribute, max_attempts, ttr, created_at):
-        """The task schedule() has just inserted (attribute already loaded): every other column has its
-        value for a new task. Built as the ORM builds a fetched row, every column in field order, which
-        costs half of from_row() on schedule()'s hot path (test_api checks it against a fetch)."""
+        """The task schedule() has just inserted (`attribute` as the database returned it): every other
+        column has its value for a new task. Built as the ORM builds a fetched row, every column in
+        field order, which costs half of from_row() on schedule()'s hot path (test_api checks it
+        against a fetch)."""
+        attribute = cls._meta.get_field("attribute").from_db_value(attribute, None, connection)
         return cls.from_db(using, None, (
             job_id, biz_type, biz_id, cls.Status.PENDING, action_time, action_time, attribute, 0, max_attempts,
             ttr, "", None, created_at, created_at, None, None, None,

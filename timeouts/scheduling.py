@@ -4,7 +4,6 @@ Input is validated completely before the first statement, so a rejected call sto
 Both run in the caller's transaction when there is one: a rollback means the task never existed.
 """
 
-import json
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -105,7 +104,7 @@ def _insert(model, new: NewTask, connection):
     job_id, action_time, attribute, created_at, _notified = fetch_values(query, new.params(), using=connection)
     return model.inserted(
         connection.alias, job_id=job_id, biz_type=new.biz_type, biz_id=new.biz_id, action_time=action_time,
-        attribute=json.loads(attribute), max_attempts=new.max_attempts, ttr=new.ttr, created_at=created_at,
+        attribute=attribute, max_attempts=new.max_attempts, ttr=new.ttr, created_at=created_at,
     )
 
 
