@@ -19,9 +19,10 @@ BURST = 1000
 
 def burst_in_a_partition_with_stale_statistics(at) -> str:
     """BURST tasks due at `at`, in a partition last analyzed when the tasks in it were due one by
-    one (and are cancelled now); returns the partition."""
-    TimeoutTask.objects.bulk_schedule(
-        [{"biz_type": "test.record", "biz_id": f"spread-{i}", "at": at - timedelta(seconds=i + 1)} for i in range(BURST)])
+    one (and are cancelled now); returns the partition. One by one, a microsecond apart: spread
+    over seconds, they would fall in the day before `at` during the first minutes of a day."""
+    TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": f"spread-{i}",
+                                        "at": at - timedelta(microseconds=i + 1)} for i in range(BURST)])
     with connection.cursor() as cursor:
         # Cancelled: only the burst is left to claim.
         cursor.execute("UPDATE timeouts_task SET status = 3, finished_at = clock_timestamp()")

@@ -61,7 +61,12 @@ def test_oldest_overdue_pending_and_default_rows():
     assert stats.overdue() == stats.Count(2, True)
     assert stats.pending() == stats.Count(4, True)
     assert stats.pending(limit=2).exact is False
-    assert stats.default_rows() == stats.Count(1, True)
+    # "far" lies beyond every partition; so does "old" in the first ten minutes of a day, when its
+    # bucket (yesterday's) is older than the test database's partitions.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT tableoid::regclass::text FROM timeouts_task WHERE job_id = %s", [old.job_id])
+        old_in_default = cursor.fetchone()[0] == "timeouts_task_default"
+    assert stats.default_rows() == stats.Count(1 + old_in_default, True)
     assert far.action_time.year == 2999
 
 
