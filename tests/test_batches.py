@@ -8,10 +8,11 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from tests import processes
 from tests.broker_messages import queued_messages
-from timeouts import batches, faults, running
+from timeouts import batches, faults, queries, running
 from timeouts.claiming import claim_due
 from timeouts.dispatcher import Dispatcher
 from timeouts.models import TimeoutTask
@@ -95,6 +96,55 @@ def test_a_batch_runs_each_task_once_and_a_cancelled_or_stale_one_not_at_all(sta
     assert statuses == [Status.DONE, Status.CANCELLED, Status.DONE, Status.DISPATCHED, Status.DONE]
 
 
+def test_a_batch_writes_each_done_with_the_next_start_in_one_statement(starts):
+    tasks = schedule_due("test.record", 3)
+    with CaptureQueriesContext(connection) as captured:
+        assert batches.run_batch(items(claim_due(10))) == "3 done"
+    names = [name for q in captured for name in ("finish_then_start_task", "start_task", "finish_task")
+             if q["sql"].lstrip().startswith(queries.QUERIES[name].split("\n", 1)[0])]
+    assert names == ["start_task", "finish_then_start_task", "finish_then_start_task", "finish_task"]
+    rows = [TimeoutTask.objects.get(pk=t.pk) for t in tasks]
+    assert [row.status for row in rows] == [Status.DONE] * 3
+    # One statement, one clock reading: each DONE at the instant the next task started.
+    assert [row.finished_at for row in rows[:2]] == [row.started_at for row in rows[1:]]
+    assert starts.count() == 3
+
+
+def test_the_merged_statement_leaves_the_rows_as_the_start_and_the_done_alone_do(starts):
+    alone, merged = schedule_due("test.record", 2), schedule_due("test.record", 2, ago=4)
+    claims = {claim.job_id: claim for claim in claim_due(10)}
+    for task in alone:
+        assert running.run(*claims[task.job_id].message_args()) == "done"
+    assert batches.run_batch([claims[t.job_id].batch_item() for t in merged]) == "2 done"
+    times = {"action_time", "run_at", "created_at", "modified_at", "dispatched_at", "started_at", "finished_at",
+             "job_id", "biz_id"}
+
+    def state(task):
+        row = TimeoutTask.objects.filter(pk=task.pk).values().get()
+        return {column: value for column, value in row.items() if column not in times}
+
+    assert [state(t) for t in merged] == [state(t) for t in alone]
+
+
+def test_tasks_of_a_batch_on_different_partitions_write_the_done_and_the_start_apart(starts):
+    tasks = schedule_due("test.record", 2)
+    batch = items(claim_due(10))
+    batch[1][4] = None  # a message from before messages named partitions: through the parent
+    with CaptureQueriesContext(connection) as captured:
+        assert batches.run_batch(batch) == "2 done"
+    assert not [q for q in captured if "finish_then_start_task" in q["sql"] or "WITH c AS" in q["sql"]]
+    assert [TimeoutTask.objects.get(pk=t.pk).status for t in tasks] == [Status.DONE] * 2
+
+
+def test_a_batch_whose_next_task_was_cancelled_still_records_the_done_before_it(starts):
+    tasks = schedule_due("test.record", 2)
+    batch = items(claim_due(10))
+    assert tasks[1].cancel() is True
+    assert batches.run_batch(batch) == "1 done, 1 dropped"
+    assert [TimeoutTask.objects.get(pk=t.pk).status for t in tasks] == [Status.DONE, Status.CANCELLED]
+    assert starts.count() == 1
+
+
 def test_a_batch_claimed_ahead_starts_each_task_at_its_own_time_never_before(starts):
     now = datetime.now(timezone.utc)
     tasks = [TimeoutTask.objects.schedule("test.record", i, at=now + timedelta(milliseconds=300 + 100 * i))
@@ -123,10 +173,11 @@ def test_a_batch_behind_a_slow_handler_gives_its_unstarted_tasks_back(starts, mo
 
 
 def test_a_batch_that_fails_part_way_gives_its_unstarted_tasks_back_at_once(starts, monkeypatch):
-    """An error the batch cannot handle (here a fault after the first DONE) fails the message, which
-    is then acknowledged: the tasks it had not started go back to PENDING at once instead of waiting
-    out their claim's lease."""
-    monkeypatch.setattr(faults, "ARMED", faults.parse("run.after_done=raise#1"))
+    """An error the batch cannot handle (here a fault after the first handler, before its DONE,
+    which a batch writes with the second task's start) fails the message, which is then
+    acknowledged: the first task's DONE is still written, and the tasks it had not started go back to
+    PENDING at once instead of waiting out their claim's lease."""
+    monkeypatch.setattr(faults, "ARMED", faults.parse("run.before_done=raise#1"))
     tasks = schedule_due("test.record", 4)
     with pytest.raises(faults.FaultInjected):
         batches.run_batch(items(claim_due(10)))

@@ -65,11 +65,13 @@ def test_the_claim_reads_each_claimed_task_once():
 def test_the_workers_start_and_done_find_each_task_by_its_primary_key():
     at = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(days=3)
     partition = burst_in_a_partition_with_stale_statistics(at)
-    task = TimeoutTask.objects.filter(action_time=at).order_by("-job_id").first()
-    params = {"job_id": task.job_id, "action_time": at, "attempt": 1, "lease_extra": 0.0}
+    task, other = TimeoutTask.objects.filter(action_time=at).order_by("-job_id")[:2]
+    params = {"job_id": task.job_id, "action_time": at, "attempt": 1, "lease_extra": 0.0,
+              "done_job_id": other.job_id, "done_action_time": at, "done_attempt": 1}
     for name in sorted(queries.ON_PARTITION):
         with connection.cursor() as cursor:
             cursor.execute("EXPLAIN (FORMAT JSON) " + queries.on_partition(name, partition), params)
             plan = json.dumps(cursor.fetchone()[0])
-        assert f'"Index Name": "{partition}_pkey"' in plan, (name, plan)
+        updates = queries.QUERIES[name].count(queries.PARENT_UPDATE)  # finish_then_start_task: two
+        assert plan.count(f'"Index Name": "{partition}_pkey"') == updates, (name, plan)
 

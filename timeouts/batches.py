@@ -1,8 +1,10 @@
 """The worker side of `timeouts.run_batch`: tasks due together, run one after another.
 
-Each task goes through `running.run()` exactly as if it had come alone: its own compare-and-set
-(the cancel fence, the early-start guard, the stale-message check), its own handler, its own DONE.
-What a batch saves is Celery's cost per message, which is most of the cost of a quick handler.
+Each task goes through `running.run()` as if it had come alone: its own compare-and-set (the
+cancel fence, the early-start guard, the stale-message check), its own handler, its own DONE.
+What a batch saves is Celery's cost per message, which is most of the cost of a quick handler, and
+a statement per task: a handler's DONE is written in one statement with the next task's start
+(`running.run_leaving_done`), or alone if the batch has to wait for its next task or ends.
 
 A batch must not hold its later tasks hostage behind a slow handler: once it has run for
 `BUDGET` seconds, it gives the tasks it has not started back (PENDING, with a NOTIFY), and a
@@ -35,22 +37,29 @@ def run_batch(items) -> str:
              for job_id, action_time, attempt, run_at, *partition in items]
     began = time.monotonic()
     outcomes = Counter()
+    done = None  # the last handler's DONE, which the next start writes (running.Done)
     for index, item in enumerate(items):
         if index and time.monotonic() - began > BUDGET:
             outcomes["released"] += _give_back(items[index:], f"the batch ran {time.monotonic() - began:.1f} s")
             break
+        if done is not None and item.run_at.timestamp() > time.time():
+            outcomes[running.finish(done)] += 1  # not left RUNNING while the worker waits
+            done = None
         _wait_until(item.run_at)
         # The message's time limit is TTR + BUDGET from the batch's start: a lease of TTR plus what
         # is left of the budget lasts exactly as long, so no handler runs on after its lease.
         lease_extra = max(0.0, BUDGET - (time.monotonic() - began))
         try:
-            outcome = running.run(item.job_id, item.action_time, item.attempt, item.partition, lease_extra)
+            previous_outcome, outcome, done = running.run_leaving_done(
+                item.job_id, item.action_time, item.attempt, item.partition, lease_extra, previous=done)
         except Exception:
-            # The message fails and is acknowledged: without this, the tasks after this one would
-            # wait out their claim's lease.
-            _give_back(items[index + 1:], "the batch failed")
+            # The message fails and is acknowledged: without this, the tasks from this one on
+            # (if it did not start) would wait out their claim's lease.
+            _give_back(items[index:], "the batch failed")
             raise
-        outcomes[outcome] += 1
+        outcomes.update(filter(None, (previous_outcome, outcome)))
+    if done is not None:
+        outcomes[running.finish(done)] += 1
     return ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
 
 

@@ -65,7 +65,8 @@ QUERIES["insert_task_autocommit"] = QUERIES["insert_task"].replace(NOTIFY_ONCE_P
 # host sets DATABASES OPTIONS "prepare_threshold" (not behind a pooler that cannot keep prepared
 # statements); its own cursors bind on the client and never prepare, so nothing else of the host's
 # changes. A migration that adds a column is harmless: psycopg prepares again (test_prepared.py).
-PREPARED = frozenset({"insert_task", "insert_task_autocommit", "claim_due", "start_task", "finish_task", "fail_task"})
+PREPARED = frozenset({"insert_task", "insert_task_autocommit", "claim_due", "start_task", "finish_task",
+                      "finish_then_start_task", "fail_task"})
 
 
 def execute(name, params=None, *, using=None, partition=None):
@@ -96,13 +97,13 @@ def execute(name, params=None, *, using=None, partition=None):
 #   IS NOT DISTINCT FROM (`=` for these NOT NULL columns), neither is an index condition, so only
 #   the primary key (job_id first) can serve the lookup. The parent keeps `action_time = $2`, which
 #   it needs to prune partitions; both queries compare the state so themselves.
-ON_PARTITION = frozenset({"start_task", "finish_task"})
+ON_PARTITION = frozenset({"start_task", "finish_task", "finish_then_start_task"})
 PARENT_UPDATE = "\nUPDATE timeouts_task\n"
-PARENT_KEY = "WHERE job_id = %(job_id)s AND action_time = %(action_time)s"
-PARTITION_KEY = "WHERE job_id = %(job_id)s AND action_time IS NOT DISTINCT FROM %(action_time)s"
-if any(PARENT_UPDATE not in QUERIES[name] or PARENT_KEY not in QUERIES[name] for name in ON_PARTITION):
-    raise ValueError(f"every query of {sorted(ON_PARTITION)} must update through {PARENT_UPDATE.strip()!r} "
-                     f"with {PARENT_KEY!r}")
+PARENT_KEY = re.compile(r"WHERE job_id = (%\(\w+\)s) AND action_time = (%\(\w+\)s)")
+PARTITION_KEY = r"WHERE job_id = \1 AND action_time IS NOT DISTINCT FROM \2"
+for _name in ON_PARTITION:  # one key per UPDATE (finish_then_start_task has two)
+    if not QUERIES[_name].count(PARENT_UPDATE) == len(PARENT_KEY.findall(QUERIES[_name])) >= 1:
+        raise ValueError(f"query {_name!r} must update through {PARENT_UPDATE.strip()!r} by {PARENT_KEY.pattern!r}")
 # The names of timeouts' own partitions (partitions.py), which need no quoting. A message's
 # partition is spliced into SQL, so only such a name ever is; for any other (a partition in a schema
 # outside the search_path comes back qualified) the task runs through the parent.
@@ -118,8 +119,8 @@ def on_partition(name: str, partition: str) -> str:
     """The text of query `name` run on `partition` instead of on the partitioned parent."""
     if name not in ON_PARTITION or not is_partition_name(partition):
         raise ValueError(f"query {name!r} cannot run on partition {partition!r}")
-    query = QUERIES[name].replace(PARENT_UPDATE, f"\nUPDATE {partition} AS timeouts_task\n", 1)
-    return query.replace(PARENT_KEY, PARTITION_KEY, 1)
+    query = QUERIES[name].replace(PARENT_UPDATE, f"\nUPDATE {partition} AS timeouts_task\n")
+    return PARENT_KEY.sub(PARTITION_KEY, query)
 
 
 class _KeptCursor(psycopg.Cursor):

@@ -5,6 +5,7 @@ import random
 import time
 import traceback
 from datetime import datetime
+from typing import NamedTuple
 
 from django.db import InterfaceError, OperationalError, ProgrammingError, connection
 from psycopg.errors import UndefinedTable
@@ -33,17 +34,39 @@ def backoff_seconds(attempt: int) -> float:
     return random.uniform(ceiling / 2, ceiling)
 
 
+class Done(NamedTuple):
+    """A handler that returned, its DONE not written yet: a batch writes it in one statement with
+    its next task's start (finish_then_start_task), or alone with finish()."""
+
+    task: TimeoutTask
+    key: dict  # the task's job_id and action_time
+    attempt: int
+    partition: str | None
+
+
 def run(job_id: int, action_time: str, attempt: int, partition: str | None = None, lease_extra: float = 0.0) -> str:
     """Run one attempt of a task if this message still owns it; returns what happened.
     `partition`: where the claim found the row, for the start and the DONE to go straight there.
     `lease_extra`: seconds of lease beyond the TTR (a batch's time limit is longer than one TTR)."""
+    _, outcome, done = run_leaving_done(job_id, action_time, attempt, partition, lease_extra)
+    return outcome if done is None else finish(done)
+
+
+def run_leaving_done(job_id, action_time, attempt, partition=None, lease_extra=0.0, previous: Done | None = None):
+    """run(), except that a handler that returns leaves its DONE to the caller, who writes it with
+    finish() or passes it on as the next task's `previous`: then one statement writes it and starts
+    that task. Returns (previous's outcome, this task's outcome or None, this task's Done or None)."""
     key = {"job_id": job_id, "action_time": datetime.fromisoformat(action_time)}
     # Inside a host's transaction (an eager task) a missing partition would abort it: no shortcut.
     partition = partition if is_partition_name(partition) and not connection.in_atomic_block else None
-    task = start(key, attempt, lease_extra, partition)
+    if previous is not None and previous.partition == partition:
+        task, previous_outcome = _finish_then_start(previous, key, attempt, lease_extra, partition)
+    else:
+        previous_outcome = None if previous is None else finish(previous)
+        task = start(key, attempt, lease_extra, partition)
     if task is None:
         logger.info("timeouts: dropped stale message for job %s attempt %s", job_id, attempt)
-        return "dropped"
+        return previous_outcome, "dropped", None
     events.started(task, attempt)
     faults.fault("run.after_start")
     try:
@@ -54,15 +77,43 @@ def run(job_id: int, action_time: str, attempt: int, partition: str | None = Non
         row = record_outcome("fail_task", params)
         outcome = "lost" if row is None else ("dead" if row["status"] == TimeoutTask.Status.DEAD else "retry")
         logger.warning("timeouts: %s attempt %s failed (%s)", task, attempt, outcome, exc_info=True)
-        return events.ran(task, outcome)
+        return previous_outcome, events.ran(task, outcome), None
+    return previous_outcome, None, Done(task, key, attempt, partition)
+
+
+def finish(done: Done) -> str:
+    """Write a handler's DONE; returns "done", or "lost" if its lease had run out meanwhile."""
     faults.fault("run.before_done")
-    row = record_outcome("finish_task", {**key, "attempt": attempt}, partition)
+    row = record_outcome("finish_task", {**done.key, "attempt": done.attempt}, done.partition)
     faults.fault("run.after_done")
-    if row is None:
+    return _finished(done, row is not None)
+
+
+def _finished(done: Done, matched: bool) -> str:
+    if not matched:
         # The lease ran out and recovery moved the task on: another attempt will run.
-        logger.warning("timeouts: %s finished after its lease expired", task)
+        logger.warning("timeouts: %s finished after its lease expired", done.task)
         return "lost"
-    return events.ran(task, "done")
+    return events.ran(done.task, "done")
+
+
+def _finish_then_start(previous: Done, key: dict, attempt: int, lease_extra: float, partition):
+    """previous's DONE and this task's compare-and-set in one statement; returns (the task or None,
+    previous's outcome). If the start matched nothing, start() decides as for any message (early,
+    stale, or its row moved); if the DONE did (its row moved), it is tried again through the parent.
+    If the statement fails, the DONE is written alone before the error goes on (a repeat is safe)."""
+    params = {"done_job_id": previous.key["job_id"], "done_action_time": previous.key["action_time"],
+              "done_attempt": previous.attempt, **key, "attempt": attempt, "lease_extra": lease_extra}
+    try:
+        faults.fault("run.before_done")
+        row = _on_a_new_connection_if_broken("finish_then_start_task", params, (0.0,), partition)
+    except Exception:
+        finish(previous)
+        raise
+    finished = row["finished"] or record_outcome("finish_task", {**previous.key, "attempt": previous.attempt}) is not None
+    faults.fault("run.after_done")
+    task = TimeoutTask.from_row(row) if row["job_id"] is not None else start(key, attempt, lease_extra, partition)
+    return task, _finished(previous, finished)
 
 
 def record_outcome(query: str, params: dict, partition: str | None = None):

@@ -189,6 +189,37 @@ WHERE job_id = %(job_id)s AND action_time = %(action_time)s
 RETURNING job_id;
 
 
+-- name: finish_then_start_task
+-- A batch's previous task's DONE (as finish_task, done_ parameters) and its next task's start (as
+-- start_task) in one statement: one round trip and one durable commit, where the two statements
+-- cost a durable commit and one without a flush, which then delays the durable one (measured side
+-- by side, a quarter less per task: BENCHMARKS.md). Nothing runs between a handler's end and the
+-- next one's start, so writing the DONE there changes no outcome; it only becomes durable.
+-- Always one row: `finished` says whether the DONE matched; the start's columns are NULL when the
+-- start matched nothing (a stale or early message: running.py goes on as after start_task).
+-- test_batches checks that it leaves both rows as the two queries do.
+WITH c AS (SELECT clock_timestamp() AS now),
+finished AS (
+UPDATE timeouts_task
+SET status = 2, finished_at = c.now, modified_at = c.now, lease_until = NULL
+FROM c
+WHERE job_id = %(done_job_id)s AND action_time = %(done_action_time)s
+  AND (status, attempts) IS NOT DISTINCT FROM (4, %(done_attempt)s)
+RETURNING job_id
+),
+started AS (
+UPDATE timeouts_task
+SET status = 4, attempts = attempts + 1, started_at = c.now, modified_at = c.now,
+    lease_until = c.now + (ttr + %(lease_extra)s) * interval '1 second'
+FROM c
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s
+  AND (status, attempts) IS NOT DISTINCT FROM (1, %(attempt)s - 1) AND run_at <= c.now
+RETURNING timeouts_task.*
+)
+SELECT EXISTS (SELECT FROM finished) AS finished, started.*
+FROM (SELECT) AS one LEFT JOIN started ON true;
+
+
 -- name: fail_task
 -- A raising handler: back to PENDING after a backoff, or DEAD once attempts are used up.
 UPDATE timeouts_task
