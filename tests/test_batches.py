@@ -10,9 +10,10 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+import timeouts
 from tests import processes
 from tests.broker_messages import queued_messages
-from timeouts import batches, faults, queries, running
+from timeouts import batches, faults, queries, registry, running
 from timeouts.claiming import claim_due
 from timeouts.dispatcher import Dispatcher
 from timeouts.models import TimeoutTask
@@ -143,6 +144,26 @@ def test_a_batch_whose_next_task_was_cancelled_still_records_the_done_before_it(
     assert batches.run_batch(batch) == "1 done, 1 dropped"
     assert [TimeoutTask.objects.get(pk=t.pk).status for t in tasks] == [Status.DONE, Status.CANCELLED]
     assert starts.count() == 1
+
+
+def test_a_done_whose_lease_ran_out_meanwhile_is_reported_lost_and_the_next_task_still_runs(starts):
+    """The handler outlived its lease: recovery (here the handler itself, as recovery would) put
+    the task back to PENDING, so the DONE written with the next start matches nothing. It is
+    tried once more alone, matches nothing again, and the next task runs all the same."""
+
+    def outlives_its_lease(task):
+        TimeoutTask.objects.filter(pk=task.pk).update(status=Status.PENDING, lease_until=None)
+
+    timeouts.handler("test.lease_lost")(outlives_its_lease)
+    try:
+        first = schedule_due("test.lease_lost", 1)[0]
+        second = schedule_due("test.record", 1, ago=4)[0]
+        assert batches.run_batch(items(claim_due(10))) == "1 done, 1 lost"
+        assert TimeoutTask.objects.get(pk=first.pk).status == Status.PENDING
+        assert TimeoutTask.objects.get(pk=second.pk).status == Status.DONE
+        assert starts.count() == 1
+    finally:
+        registry.unregister("test.lease_lost")
 
 
 def test_a_batch_claimed_ahead_starts_each_task_at_its_own_time_never_before(starts):
