@@ -42,10 +42,12 @@ def run_batch(items) -> str:
         if index and time.monotonic() - began > BUDGET:
             outcomes["released"] += _give_back(items[index:], f"the batch ran {time.monotonic() - began:.1f} s")
             break
-        if done is not None and item.run_at.timestamp() > time.time():
-            outcomes[running.finish(done)] += 1  # not left RUNNING while the worker waits
-            done = None
-        _wait_until(item.run_at)
+        wait = item.run_at.timestamp() - time.time()
+        if wait > 0:
+            if done is not None:
+                outcomes[running.finish(done)] += 1  # not left RUNNING while the worker waits
+                done = None
+            _wait(wait)
         # The message's time limit is TTR + BUDGET from the batch's start: a lease of TTR plus what
         # is left of the budget lasts exactly as long, so no handler runs on after its lease.
         lease_extra = max(0.0, BUDGET - (time.monotonic() - began))
@@ -76,9 +78,8 @@ def _give_back(rest, why) -> int:
     return len(rest)
 
 
-def _wait_until(run_at: datetime):
-    """Sleep until run_at by the local clock (the message's ETA was the batch's first task). The
-    compare-and-set still decides by the database clock, and waits out any difference itself."""
-    wait = run_at.timestamp() - time.time()
-    if wait > 0:
-        time.sleep(min(wait, running.MAX_EARLY_WAIT))
+def _wait(seconds: float):
+    """Sleep until a task's run_at by the local clock (the message's ETA was the batch's first
+    task). The compare-and-set still decides by the database clock, and waits out any difference
+    itself."""
+    time.sleep(min(seconds, running.MAX_EARLY_WAIT))

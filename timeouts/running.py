@@ -43,6 +43,11 @@ class Done(NamedTuple):
     attempt: int
     partition: str | None
 
+    @property
+    def params(self) -> dict:
+        """finish_task's parameters."""
+        return {**self.key, "attempt": self.attempt}
+
 
 def run(job_id: int, action_time: str, attempt: int, partition: str | None = None, lease_extra: float = 0.0) -> str:
     """Run one attempt of a task if this message still owns it; returns what happened.
@@ -84,7 +89,7 @@ def run_leaving_done(job_id, action_time, attempt, partition=None, lease_extra=0
 def finish(done: Done) -> str:
     """Write a handler's DONE; returns "done", or "lost" if its lease had run out meanwhile."""
     faults.fault("run.before_done")
-    row = record_outcome("finish_task", {**done.key, "attempt": done.attempt}, done.partition)
+    row = record_outcome("finish_task", done.params, done.partition)
     faults.fault("run.after_done")
     return _finished(done, row is not None)
 
@@ -102,15 +107,15 @@ def _finish_then_start(previous: Done, key: dict, attempt: int, lease_extra: flo
     previous's outcome). If the start matched nothing, start() decides as for any message (early,
     stale, or its row moved); if the DONE did (its row moved), it is tried again through the parent.
     If the statement fails, the DONE is written alone before the error goes on (a repeat is safe)."""
-    params = {"done_job_id": previous.key["job_id"], "done_action_time": previous.key["action_time"],
-              "done_attempt": previous.attempt, **key, "attempt": attempt, "lease_extra": lease_extra}
+    params = {**{f"done_{name}": value for name, value in previous.params.items()},
+              **key, "attempt": attempt, "lease_extra": lease_extra}
     try:
         faults.fault("run.before_done")
         row = _on_a_new_connection_if_broken("finish_then_start_task", params, (0.0,), partition)
     except Exception:
         finish(previous)
         raise
-    finished = row["finished"] or record_outcome("finish_task", {**previous.key, "attempt": previous.attempt}) is not None
+    finished = row["finished"] or record_outcome("finish_task", previous.params) is not None
     faults.fault("run.after_done")
     task = TimeoutTask.from_row(row) if row["job_id"] is not None else start(key, attempt, lease_extra, partition)
     return task, _finished(previous, finished)
