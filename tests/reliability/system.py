@@ -127,6 +127,16 @@ class System:
         except psutil.NoSuchProcess:
             return []
 
+    @staticmethod
+    def all_gone(pids) -> bool:
+        """Whether every one of these processes has exited (a zombie left to reap counts as gone)."""
+        def gone(pid):
+            try:
+                return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                return True
+        return all(map(gone, pids))
+
     # -- the broker ----------------------------------------------------------------------------
 
     @property
