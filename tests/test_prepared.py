@@ -1,16 +1,21 @@
 """The hot-path queries run as prepared statements when the host lets psycopg prepare (the demo and
 test settings set DATABASES OPTIONS prepare_threshold = 5), and nothing else of the host changes."""
 
+import datetime
 import gc
 import weakref
 
+import psycopg
 import pytest
 from django.db import connection, connections
+from psycopg.pq import Format
 
 from timeouts import running
 from timeouts.claiming import claim_due
 from timeouts.models import TimeoutTask
 from timeouts.queries import QUERIES, on_partition
+
+TIMESTAMPTZ = psycopg.postgres.types["timestamptz"].oid
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 
@@ -130,3 +135,27 @@ def test_the_hot_path_keeps_djangos_query_log_hooks_and_errors():
         execute("insert_task", broken, using=connection)
     TimeoutTask.objects.schedule("test.record", 3, delay=60)  # the kept cursor goes on after an error
     assert sorted(TimeoutTask.objects.values_list("biz_id", flat=True)) == ["1", "3"]
+
+
+def test_the_hot_queries_read_timestamps_as_the_orm_does_and_keep_djangos_loader_in_another_zone():
+    # psycopg's compiled loader stands in for Django's Python one only where the two agree: when the
+    # session's time zone is Django's, which Django sets when it connects.
+    def loader(name):
+        return kept_cursor(name).adapters.get_loader(TIMESTAMPTZ, Format.TEXT)
+
+    task = TimeoutTask.objects.schedule("test.record", 1, delay=60)
+    fetched = TimeoutTask.objects.get(job_id=task.job_id)
+    for name in ("action_time", "created_at"):
+        assert getattr(task, name) == getattr(fetched, name)
+        assert getattr(task, name).tzinfo is getattr(fetched, name).tzinfo is datetime.UTC
+    assert loader("insert_task_autocommit") is psycopg.adapters.get_loader(TIMESTAMPTZ, Format.TEXT)
+
+    connection.close()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SET TIME ZONE 'Asia/Tokyo'")  # a host's own setting, on this connection
+        task = TimeoutTask.objects.schedule("test.record", 2, delay=60)
+        assert loader("insert_task_autocommit") is connection.connection.adapters.get_loader(TIMESTAMPTZ, Format.TEXT)
+        assert task.action_time == TimeoutTask.objects.get(job_id=task.job_id).action_time
+    finally:
+        connection.close()
