@@ -27,6 +27,7 @@ scenario expects to be non-empty (e.g. ("accounting",) when a process may die be
 compare-and-set and the handler's first line).
 """
 
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -74,6 +75,16 @@ class Report:
         if not self.problems():
             lines.append("  no problems")
         return "\n".join(lines)
+
+    def unstarted_attempts(self) -> int:
+        """Asserts that every accounting entry is an attempt that counted and never reached the
+        handler (DONE after n attempts, fewer runs recorded): a compare-and-set committed and its reply
+        was lost, or its process died before the handler's first line. More runs than attempts is a
+        bug. Returns how many there are."""
+        for job_id, what in self.accounting:
+            match = re.match(r"DONE after (\d+) attempts, (\d+) runs recorded", what)
+            assert match and int(match[2]) < int(match[1]), f"job {job_id}: {what}\n{self}"
+        return len(self.accounting)
 
     def assert_clean(self, max_duplicates=0, ignore=()):
         failing = {name: items for name, items in self.problems().items() if name not in ignore}

@@ -279,14 +279,3 @@ class Timeline:
         with open(self.log_dir / "numbers.json", "a") as out:
             out.write(json.dumps({"test": self.name, **self.observed}, default=str) + "\n")
         return self.observed
-
-
-def accounting_only_unstarted_attempts(report):
-    """In a database fault, a compare-and-set can commit and its reply be lost: the attempt counts, the
-    handler never ran (DONE after n attempts, fewer runs recorded). More runs than attempts is a bug."""
-    import re
-
-    for job_id, what in report.accounting:
-        match = re.match(r"DONE after (\d+) attempts, (\d+) runs recorded", what)
-        assert match and int(match[2]) < int(match[1]), f"job {job_id}: {what}\n{report}"
-    return len(report.accounting)

@@ -18,7 +18,6 @@ from .outages import (
     BackendKiller,
     BurstScheduler,
     Timeline,
-    accounting_only_unstarted_attempts,
     app_url,
     listeners,
     scaled,
@@ -106,7 +105,7 @@ def test_postgres_crash_and_outage_during_a_burst_lose_nothing(system, sut_datab
     probe = probe_listen(system, scheduler, oracle)
     report = check(system.database_url, oracle.dsn, recovery_window=30)
     print(report)
-    unstarted = accounting_only_unstarted_attempts(report)
+    unstarted = report.unstarted_attempts()
     timeline.numbers(
         tasks=burst.committed, scheduling_chunks_failed=burst.failed_chunks, runs=report.counts["runs"],
         runs_at_crash=runs_at_crash, runs_at_outage=runs_at_outage, outage_s=outage,
@@ -156,7 +155,7 @@ def test_terminated_sessions_reconnect_and_lose_nothing(system, sut_database, sc
     probe = probe_listen(system, scheduler, oracle)
     report = check(system.database_url, oracle.dsn, recovery_window=30)
     print(report)
-    unstarted = accounting_only_unstarted_attempts(report)
+    unstarted = report.unstarted_attempts()
     sessions = {name: len(pids) for name, pids in {**killer.seen, **worker_killer.seen}.items()}
     timeline.numbers(
         tasks=burst.committed, runs=report.counts["runs"], kill_rounds=killer.rounds + worker_killer.rounds,
