@@ -12,12 +12,12 @@ from django.test.utils import CaptureQueriesContext
 
 import timeouts
 from tests import processes
-from tests.broker_messages import queued_messages
+from tests.broker_messages import message_etas, queued_messages
 from timeouts import batches, faults, queries, registry, running
 from timeouts.claiming import claim_due
 from timeouts.dispatcher import Dispatcher
 from timeouts.models import TimeoutTask
-from timeouts.publishing import publish
+from timeouts.publishing import ETA_HEADROOM, publish
 
 Status = TimeoutTask.Status
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -62,7 +62,9 @@ def test_tasks_due_together_are_published_in_batches_of_one_queue(broker, settin
 
 def test_tasks_claimed_ahead_share_a_message_only_when_due_within_the_batch_window(broker):
     """A worker process waits inside a batch until each task is due: tasks due apart get messages
-    (and Celery ETAs) of their own, so any free process can take them."""
+    (and Celery ETAs) of their own, so any free process can take them. A task claimed ahead goes as
+    a batch even alone, since a batch's items carry their run_at: its message is due ETA_HEADROOM
+    early, and the worker process waits out the rest itself."""
     broker.flushdb()
     at = datetime.now(timezone.utc) + timedelta(seconds=2)
     together = [TimeoutTask.objects.schedule("test.record", i, at=at) for i in range(3)]
@@ -71,9 +73,10 @@ def test_tasks_claimed_ahead_share_a_message_only_when_due_within_the_batch_wind
     publish(claim_due(10, lead=5))
     assert [(name, sorted(ids)) for name, ids, _ in queued_messages(broker, "celery")] == [
         ("timeouts.run_batch", sorted(t.job_id for t in together)),
-        ("timeouts.run", [apart[0].job_id]),
-        ("timeouts.run", [apart[1].job_id]),
+        ("timeouts.run_batch", [apart[0].job_id]),
+        ("timeouts.run_batch", [apart[1].job_id]),
     ]
+    assert message_etas(broker) == [task.run_at - ETA_HEADROOM for task in (together[0], *apart)]
     broker.flushdb()
 
 

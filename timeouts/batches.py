@@ -79,7 +79,7 @@ def _give_back(rest, why) -> int:
 
 
 def _wait(seconds: float):
-    """Sleep until a task's run_at by the local clock (the message's ETA was the batch's first
-    task). The compare-and-set still decides by the database clock, and waits out any difference
-    itself."""
+    """Sleep until a task's run_at by the local clock (the message's ETA was a few milliseconds
+    before the batch's first task: publishing.ETA_HEADROOM). The compare-and-set still decides by
+    the database clock, and waits out any difference itself."""
     time.sleep(min(seconds, running.MAX_EARLY_WAIT))

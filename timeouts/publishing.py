@@ -1,14 +1,16 @@
 """Handing claimed tasks to Celery: `timeouts.run` messages (or `timeouts.run_batch` for tasks due
 together), JSON, on the handler's queue.
 
-Only due tasks are published, or tasks due within the dispatcher's short DISPATCH_LEAD: those carry
-a Celery ETA equal to their run_at, so a worker holds them for milliseconds at most. Nothing waits
-in a worker's memory or in the broker long enough for a visibility timeout to matter, and the
-worker's compare-and-set still refuses to start a task early by the database clock.
+Only due tasks are published, or tasks due within the dispatcher's short DISPATCH_LEAD: those go
+in a `timeouts.run_batch` message (of one, if alone), which carries each task's run_at, with a
+Celery ETA just before the first (ETA_HEADROOM), so a worker holds them for milliseconds at most.
+Nothing waits in a worker's memory or in the broker long enough for a visibility timeout to matter,
+and the worker's compare-and-set still refuses to start a task early by the database clock.
 """
 
 import logging
 from contextlib import nullcontext
+from datetime import timedelta
 
 from kombu.utils.uuid import uuid
 
@@ -30,13 +32,20 @@ PIPELINE_SIZE = 500
 # process) hands separate messages to whichever process is free. Measured on the spread
 # benchmark: p99 lateness 17-27 ms with 10 ms, 30-59 ms with the whole lead (BENCHMARKS.md).
 BATCH_WINDOW = 0.01
+# How much before its first task's run_at a message claimed ahead is due by its Celery ETA. Celery's
+# ETA timer (in the worker's main process) hands a message to a pool process 1-4 ms after its ETA;
+# the batch then sleeps until each run_at itself, to within a sleep's precision. Measured on the
+# spread benchmark, a batch's first task was ready to start 2.0 ms late at the median with the ETA
+# at its run_at, 0.1 ms with it 4 ms before (BENCHMARKS.md, eleventh session). Never early: the
+# compare-and-set refuses a start before run_at by the database clock.
+ETA_HEADROOM = timedelta(milliseconds=4)
 
 
 def publish(claims) -> int:
     """Publish the claims; on a broker error, release what was not sent and re-raise.
 
     Claims of one queue and TTR go out together, up to RUN_BATCH_SIZE per `timeouts.run_batch` message (a
-    claim alone: a `timeouts.run` message). Messages are built and sent with the same Celery calls
+    due claim alone: a `timeouts.run` message). Messages are built and sent with the same Celery calls
     `apply_async` makes (so signals, the serializer and the broker options apply), with the routing
     worked out once per queue instead of once per message, and, on Redis with kombu 5.7+, sent in
     pipelined batches (one round trip for up to PIPELINE_SIZE messages).
@@ -62,11 +71,13 @@ def publish(claims) -> int:
                 # Celery kills a handler that outlives its lease, so it cannot run on beside the
                 # re-dispatched attempt that lease recovery will start. A batch starts its tasks
                 # within BUDGET seconds, and each start adds what is left of it to the lease.
-                if len(batch) == 1:
+                eta = batch[0].eta
+                if len(batch) == 1 and eta is None:
                     name, args, time_limit = run.name, batch[0].message_args(), ttr
-                else:
+                else:  # a claim ahead goes as a batch (of one, if alone): its items carry their run_at
                     name, args, time_limit = run_batch.name, [[c.batch_item() for c in batch]], ttr + BUDGET
-                message = amqp.create_task_message(uuid(), name, args, {}, eta=batch[0].eta, time_limit=time_limit)
+                    eta = eta and eta - ETA_HEADROOM
+                message = amqp.create_task_message(uuid(), name, args, {}, eta=eta, time_limit=time_limit)
                 amqp.send_task_message(producer, name, message, retry=True, retry_policy=RETRY_POLICY,
                                        **routes[queue])
         # Leaving the pipeline flushed it: every message is in the broker now.
@@ -87,8 +98,8 @@ def publish(claims) -> int:
 def _batches(claims, size):
     """((queue, ttr), claims) for each message: consecutive claims of one queue and TTR (the TTR sets
     the message's time limit), at most `size` of them, due within BATCH_WINDOW of the first unless
-    already due. Claims come ordered by run_at, so a batch starts with its earliest task (the
-    message's ETA)."""
+    already due. Claims come ordered by run_at, so a batch starts with its earliest task (which
+    sets the message's ETA)."""
     open_batches = {}
     for claim in claims:
         handler = find_handler(claim.biz_type)  # unknown here: the default queue
