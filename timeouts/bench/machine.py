@@ -89,3 +89,22 @@ def code_version(root) -> dict:
 
 def loadavg():
     return [round(x, 2) for x in os.getloadavg()]
+
+
+def cpu_times() -> tuple[int, int] | None:
+    """(steal, total) CPU time since boot, in ticks, summed over the CPUs; None where /proc/stat is
+    not there (not Linux). Steal is time the hypervisor gave this VM's CPUs to someone else."""
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(field) for field in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice, already inside user and nice]
+    return (ticks[7], sum(ticks[:8])) if len(ticks) >= 8 else None
+
+
+def steal_pct(before, after) -> float | None:
+    """The share of CPU time stolen between two cpu_times() readings, in percent."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return round(100.0 * (after[0] - before[0]) / (after[1] - before[1]), 1)

@@ -8,9 +8,9 @@ from .peers import peer_scenario
 from .stats import summarize
 
 TIMED_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "early",
-                 "sched_per_s", "sched_overrun", "claim_per_s", "start_per_s", "drain_total_s")
+                 "sched_per_s", "sched_overrun", "claim_per_s", "start_per_s", "drain_total_s", "cpu_steal_pct")
 IDLE_METRICS = ("idle_qps", "idle_round_trips_per_s", "idle_xacts_per_s", "idle_cpu_pct", "rss_mb")
-SCHEDULE_METRICS = ("sched_per_s", "notifications")
+SCHEDULE_METRICS = ("sched_per_s", "notifications", "cpu_steal_pct")
 PEER_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "schedule_per_s", "drain_per_s",
                 "idle_qps", "idle_cpu_pct")
 SCHEDULE_LABELS = {"raw_insert": "raw single-row INSERT", "single": "schedule(), due in 1 h (no NOTIFY)",
@@ -73,12 +73,12 @@ def sections(result) -> list[tuple[str, list, list]]:
     if timed:
         out.append(("Lateness (started_at - action_time, database clock, ms) and throughput (tasks/s)",
                     ["scenario", "path", "p50", "p90", "p99", "max", "missing", "dup", "early", "sched/s",
-                     "sched late", "claim+publish/s", "start/s", "drain s"],
+                     "sched late", "claim+publish/s", "start/s", "drain s", "steal %"],
                     [[sc, PATH_LABELS[p], *[cell(s[sc][p], m) for m in TIMED_METRICS]] for sc, p in timed]))
     if "schedule" in s:
-        out.append(("Schedule throughput (tasks/s)", ["variant", "tasks/s", "NOTIFYs seen"],
-                    [[SCHEDULE_LABELS.get(v, v), cell(s["schedule"][v], "sched_per_s"),
-                      cell(s["schedule"][v], "notifications")] for v in SCHEDULE_LABELS if v in s["schedule"]]))
+        out.append(("Schedule throughput (tasks/s)", ["variant", "tasks/s", "NOTIFYs seen", "steal %"],
+                    [[SCHEDULE_LABELS.get(v, v), *[cell(s["schedule"][v], m) for m in SCHEDULE_METRICS]]
+                     for v in SCHEDULE_LABELS if v in s["schedule"]]))
     if "idle" in s:
         out.append((f"Idle cost ({cfg['n_idle']:,} tasks due in 1 h, {cfg['idle_seconds']:.0f} s window)",
                     ["path", "queries/s", "round trips/s", "xacts/s", "CPU %", "RSS MB"],
@@ -107,7 +107,9 @@ def _header(result) -> list[str]:
             (f"machine: {m['nproc']} CPUs ({m['cpu_model']}), {m['ram_gb']} GB RAM, load average "
              f"{m['loadavg_start']} at start, {result.get('loadavg_end')} at end; PostgreSQL "
              f"{m['postgresql']['server_version']}, Redis {m['redis']}, Python {m['python']}, Celery {m['celery']}, "
-             f"psycopg {m['psycopg']}")]
+             f"psycopg {m['psycopg']}"),
+            ("steal %: the share of the CPUs' time the hypervisor gave to other guests during the run "
+             "(/proc/stat); runs with much of it measure the host's neighbours as much as the code")]
 
 
 def _text_table(headers, rows) -> list[str]:

@@ -117,18 +117,22 @@ def _scenario(ctx, scenario, rep, notes) -> list[dict]:
     if scenario == "schedule":
         note(f"repeat {rep + 1}/{cfg.repeat}: schedule throughput")
         try:
-            for variant, r in throughput.run(ctx, rep).items():
+            before = machine.cpu_times()
+            variants = throughput.run(ctx, rep)
+            steal = machine.steal_pct(before, machine.cpu_times())
+            for variant, r in variants.items():
                 if variant != "ratios":
-                    out.append({"scenario": scenario, "path": variant, "rep": rep, **r})
+                    out.append({"scenario": scenario, "path": variant, "rep": rep, "cpu_steal_pct": steal, **r})
         except (BenchError, TimeoutError, OSError, RuntimeError, ValueError) as exc:
             out.append(_failed(scenario, "all", rep, exc, notes))
         return out
     for path in cfg.paths_for(scenario):
         note(f"repeat {rep + 1}/{cfg.repeat}: {scenario} on {path}")
         try:
-            load = machine.loadavg()[0]
+            load, before = machine.loadavg()[0], machine.cpu_times()
             r = idle.run(ctx, path, rep) if scenario == "idle" else scenarios.run(ctx, scenario, path, rep)
-            out.append({"scenario": scenario, "path": path, "rep": rep, "loadavg_1min": load, **r})
+            out.append({"scenario": scenario, "path": path, "rep": rep, "loadavg_1min": load,
+                        "cpu_steal_pct": machine.steal_pct(before, machine.cpu_times()), **r})
         except (BenchError, TimeoutError, OSError, RuntimeError, ValueError) as exc:
             out.append(_failed(scenario, path, rep, exc, notes))
     return out
