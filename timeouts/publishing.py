@@ -76,7 +76,8 @@ def publish(claims) -> int:
                     name, args, time_limit = run.name, batch[0].message_args(), ttr
                 else:  # a claim ahead goes as a batch (of one, if alone): its items carry their run_at
                     name, args, time_limit = run_batch.name, [[c.batch_item() for c in batch]], ttr + BUDGET
-                    eta = eta and eta - ETA_HEADROOM
+                    if eta is not None:
+                        eta -= ETA_HEADROOM
                 message = amqp.create_task_message(uuid(), name, args, {}, eta=eta, time_limit=time_limit)
                 amqp.send_task_message(producer, name, message, retry=True, retry_policy=RETRY_POLICY,
                                        **routes[queue])
