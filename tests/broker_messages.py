@@ -23,3 +23,10 @@ def queued_messages(broker, queue="celery") -> list[tuple[str, list[int], float]
 def message_etas(broker, queue="celery") -> list[datetime | None]:
     """The Celery ETA of each message waiting in `queue`, oldest first."""
     return [eta and datetime.fromisoformat(eta) for eta in (m["headers"]["eta"] for m in _waiting(broker, queue))]
+
+
+def shown_arguments(broker, queue="celery") -> list[tuple[str, str, list]]:
+    """(argsrepr, kwargsrepr, args) of each message waiting in `queue`, oldest first: what Celery
+    shows of its arguments (worker logs, events, Flower), and the arguments themselves."""
+    return [(m["headers"]["argsrepr"], m["headers"]["kwargsrepr"], json.loads(base64.b64decode(m["body"]))[0])
+            for m in _waiting(broker, queue)]
