@@ -25,6 +25,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "timeouts",
     "project.orders",
+    "benchmarks",
 ]
 
 MIDDLEWARE = [

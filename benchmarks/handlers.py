@@ -5,7 +5,7 @@ connection of the worker process's own (not Django's), so each start leaves one 
 handler's transaction does, and a task started twice leaves two.
 
 Only processes that import this module know these handlers: the bench itself (to schedule) and the
-bench's Celery worker (`--include timeouts.bench.handlers`). The runtime never imports it.
+bench's Celery worker (`--include benchmarks.handlers`). The runtime never imports it.
 """
 
 import time
@@ -16,10 +16,10 @@ from django.db import connection
 
 import timeouts
 
-NOOP = "timeouts.bench.noop"  # biz_type of the measured tasks
-PROBE = "timeouts.bench.probe"  # biz_type of the warm-up tasks sent through a path before measuring
-DIRECT_TASK = "timeouts.bench.direct"  # the Celery-direct baseline: the same body, no timeouts
-WARM_TASK = "timeouts.bench.warm"  # opens a worker process's connections before measuring
+NOOP = "benchmarks.noop"  # biz_type of the measured tasks
+PROBE = "benchmarks.probe"  # biz_type of the warm-up tasks sent through a path before measuring
+DIRECT_TASK = "benchmarks.direct"  # the Celery-direct baseline: the same body, no timeouts
+WARM_TASK = "benchmarks.warm"  # opens a worker process's connections before measuring
 
 START_TABLE_SQL = """
 CREATE UNLOGGED TABLE IF NOT EXISTS timeouts_bench_start (

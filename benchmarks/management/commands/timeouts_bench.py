@@ -1,4 +1,4 @@
-"""`manage.py timeouts_bench`: the benchmark. Parses options; the bench lives in timeouts.bench."""
+"""`manage.py timeouts_bench`: the benchmark. Parses options; the bench lives in benchmarks."""
 
 from pathlib import Path
 
@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.test.utils import override_settings
 
-from timeouts.bench.config import PATHS, PEER_SYSTEMS, SCENARIOS, BenchConfig
+from benchmarks.config import PATHS, PEER_SYSTEMS, SCENARIOS, BenchConfig
 
 SIZES = ("n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "n_idle")
 
@@ -53,9 +53,9 @@ class Command(BaseCommand):
         add("--seed", type=int, default=d.seed)
 
     def handle(self, *args, **options):
-        from timeouts.bench import runner
-        from timeouts.bench.database import BenchError
-        from timeouts.bench.report import render, render_markdown
+        from benchmarks import runner
+        from benchmarks.database import BenchError
+        from benchmarks.report import render, render_markdown
         from timeouts.conf import get_settings
 
         if options["n"]:

@@ -1,6 +1,6 @@
 """The beat-equivalent safety scan as a process of its own: `timeouts.scan.scan()` every INTERVAL s.
 
-    python -m timeouts.bench.scan_loop --interval 5
+    python -m benchmarks.scan_loop --interval 5
 
 Fixed-rate ticks, like beat: a scan that overruns its interval is followed at once by the next one.
 Each scan stops after INTERVAL seconds (as the Celery task does), leaving the rest to the next one.
@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 
-logger = logging.getLogger("timeouts.bench.scan_loop")
+logger = logging.getLogger("benchmarks.scan_loop")
 
 
 def main(argv=None):

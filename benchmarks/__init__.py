@@ -11,5 +11,5 @@
     progress   progress display on stderr
 
 Nothing here is imported by the runtime: the handlers exist only in processes that import
-`timeouts.bench.handlers` (the bench itself, and its worker via `--include`).
+`benchmarks.handlers` (the bench itself, and its worker via `--include`).
 """

@@ -1,8 +1,8 @@
 """The processes of a run, each in a session of its own, always stopped by PID (in `finally`).
 
-- the Celery worker: `celery -A <app> worker -P prefork -c 2 --include timeouts.bench.handlers`
+- the Celery worker: `celery -A <app> worker -P prefork -c 2 --include benchmarks.handlers`
 - the dispatcher: `python -m django timeouts_dispatcher` (the management command, as deployed)
-- the scan loop: `python -m timeouts.bench.scan_loop`, what beat does: `scan()` every SCAN_INTERVAL
+- the scan loop: `python -m benchmarks.scan_loop`, what beat does: `scan()` every SCAN_INTERVAL
 """
 
 import os
@@ -87,7 +87,7 @@ class Processes:
     def worker(self, *, app, concurrency):
         return self._spawn("worker", [
             sys.executable, "-m", "celery", "-A", app, "worker", "-P", "prefork", "-c", str(concurrency),
-            "--include", "timeouts.bench.handlers", "-n", f"timeouts-bench-{os.getpid()}@%h",
+            "--include", "benchmarks.handlers", "-n", f"timeouts-bench-{os.getpid()}@%h",
             "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "warning",
         ])
 
@@ -95,7 +95,7 @@ class Processes:
         return self._spawn("dispatcher", [sys.executable, "-m", "django", "timeouts_dispatcher", *extra_args])
 
     def scan_loop(self, *, interval):
-        return self._spawn("scan_loop", [sys.executable, "-m", "timeouts.bench.scan_loop", "--interval", str(interval)])
+        return self._spawn("scan_loop", [sys.executable, "-m", "benchmarks.scan_loop", "--interval", str(interval)])
 
     def check(self):
         """Raise if a child died on its own (with the end of its log)."""

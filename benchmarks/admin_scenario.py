@@ -7,7 +7,7 @@ times the changelist (default, each filter, search, both orders, deep pages) and
 with Django's test Client as a logged-in superuser: the median of `repeats` requests after one
 warm-up each. It drops the database at the end unless `keep`.
 
-    DJANGO_SETTINGS_MODULE=project.settings python -m timeouts.bench.admin_scenario --rows 20000000
+    DJANGO_SETTINGS_MODULE=project.settings python -m benchmarks.admin_scenario --rows 20000000
 
 Loading is one INSERT .. SELECT generate_series per day with the secondary indexes dropped and
 rebuilt afterwards (much faster than maintaining them row by row); the rebuild times are reported
