@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from timeouts.bench.processes import stop_group
+from benchmarks.processes import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 

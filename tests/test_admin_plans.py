@@ -2,7 +2,7 @@
 query served by indexes (no sequential scan of a partition), and pruned to the partitions it needs.
 
 The data: ~45,000 tasks over 30 daily partitions (15 days back, today, 14 ahead) with the status
-and biz_type mix of the admin benchmark (timeouts/bench/admin_scenario.py), VACUUM ANALYZEd. The
+and biz_type mix of the admin benchmark (benchmarks/admin_scenario.py), VACUUM ANALYZEd. The
 module's fixture commits it once (the tests only read) and removes it at the end.
 """
 
@@ -15,7 +15,7 @@ from django.db import connection, reset_queries
 from django.test.utils import CaptureQueriesContext
 
 from timeouts import partitions
-from timeouts.bench import admin_scenario
+from benchmarks import admin_scenario
 
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(120)]
 URL = "/admin/timeouts/timeouttask/"

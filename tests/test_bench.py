@@ -78,7 +78,7 @@ def test_peer_results_are_read_where_the_harness_writes_them_for_a_relative_json
     bench, reading next to its own JSON, found none (BENCHMARKS.md, third session)."""
     from types import SimpleNamespace
 
-    from timeouts.bench.peers import Peers
+    from benchmarks.peers import Peers
 
     monkeypatch.chdir(tmp_path)
     cfg = SimpleNamespace(peers=("celery",), peers_src="peers-src", peers_dir="peers-dir")
@@ -90,8 +90,8 @@ def test_peer_results_are_read_where_the_harness_writes_them_for_a_relative_json
 def test_the_peer_databases_the_bench_created_are_dropped_at_the_end(tmp_path):
     from types import SimpleNamespace
 
-    from timeouts.bench.database import BenchDatabase
-    from timeouts.bench.peers import Peers
+    from benchmarks.database import BenchDatabase
+    from benchmarks.peers import Peers
 
     db = BenchDatabase("unused")
     name = f"{settings.DATABASES['default']['TEST']['NAME']}_peer"

@@ -5,7 +5,7 @@ process group of its own, pointed at a database URL, a broker URL and the oracle
         worker = system.worker(concurrency=2)               # celery worker -P prefork -c 2
         system.wait_worker_ready(worker)
         system.dispatcher(faults="claim.after_commit=exit")  # manage.py timeouts_dispatcher
-        system.scanner(interval=1)                           # python -m timeouts.bench.scan_loop
+        system.scanner(interval=1)                           # python -m benchmarks.scan_loop
         ... schedule with oracle.Scheduler ...
         system.wait_until_final(timeout=60)                  # every due task DONE, CANCELLED or DEAD
         system.wait_broker_drained(timeout=30)               # no message queued or unacknowledged
@@ -94,7 +94,7 @@ class System:
 
     def scanner(self, name="scanner", *, interval=None, faults=None, env=None):
         interval = self.scan_interval if interval is None else interval
-        return self.spawn(name, [sys.executable, "-m", "timeouts.bench.scan_loop", "--interval", str(interval)],
+        return self.spawn(name, [sys.executable, "-m", "benchmarks.scan_loop", "--interval", str(interval)],
                           faults=faults, env=env)
 
     def kill(self, process_or_pid, sig=signal.SIGKILL):
