@@ -28,11 +28,11 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.dispatch import Signal
 
 from . import metrics
+from .states import Status
 
 logger = logging.getLogger(__name__)
 
 EVENTS = ("scheduled", "dispatched", "started", "done", "retried", "dead", "cancelled")
-DEAD = 5
 
 task_event = Signal()
 
@@ -114,6 +114,6 @@ def cancelled_rows(biz_type, cursor, using=DEFAULT_DB_ALIAS):
 
 def recovered(rows):
     """Rows of the lease-recovery query: those that became DEAD are counted."""
-    for biz_type, count in Counter(row["biz_type"] for row in rows if row["status"] == DEAD).items():
+    for biz_type, count in Counter(row["biz_type"] for row in rows if row["status"] == Status.DEAD).items():
         emit("dead", biz_type, count)
     return rows

@@ -9,6 +9,7 @@ from django.db import connection, models
 from django.db.models.functions import Now
 
 from . import scheduling, transitions
+from .states import Status
 
 
 class TimeoutTaskQuerySet(models.QuerySet):
@@ -43,13 +44,7 @@ class TimeoutTaskManager(models.Manager.from_queryset(TimeoutTaskQuerySet)):
 
 
 class TimeoutTask(models.Model):
-    class Status(models.IntegerChoices):
-        PENDING = 0, "pending"
-        DISPATCHED = 1, "dispatched"
-        DONE = 2, "done"
-        CANCELLED = 3, "cancelled"
-        RUNNING = 4, "running"
-        DEAD = 5, "dead"
+    Status = Status
 
     job_id = models.BigAutoField(primary_key=True)
     biz_type = models.CharField(max_length=64)

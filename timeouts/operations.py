@@ -5,8 +5,7 @@ from datetime import timedelta
 from django.db import connections
 
 from .queries import fetch_one
-
-PENDING = 0
+from .states import Status
 
 
 def database_now(using="default"):
@@ -19,7 +18,7 @@ def run_now(task, *, now=None) -> str:
     Returns what happened: "moved" (it is due now), "already due" (it was: nothing changed, so its
     action_time and lateness stay true), or "too late" (it is no longer PENDING: nothing changed).
     """
-    if task.status != PENDING:
+    if task.status != Status.PENDING:
         return "too late"
     if task.run_at <= (now or database_now(task._state.db or "default")):
         return "already due"

@@ -31,6 +31,7 @@ from django.db import DatabaseError, transaction
 from psycopg import sql
 
 from .queries import execute, fetch_dicts, fetch_one
+from .states import UNFINISHED, Status
 
 PARENT = "timeouts_task"
 DEFAULT = "timeouts_task_default"
@@ -50,8 +51,6 @@ LOCK_TIMEOUT_SQLSTATE = "55P03"
 
 # Put on a partition in the transaction that detaches it to be dropped (see drop_expired).
 DETACHED_MARKER = "timeouts: detached to be dropped"
-
-UNFINISHED = {0: "pending", 1: "dispatched", 4: "running", 5: "dead"}
 
 
 class StepFailed(Exception):
@@ -179,7 +178,7 @@ def status_counts(connection, name) -> dict[int, int]:
 
 def unfinished_reason(counts) -> str | None:
     """Why a table with these status counts must be kept, or None if all its tasks are finished."""
-    unfinished = {UNFINISHED[status]: n for status, n in sorted(counts.items()) if status in UNFINISHED and n}
+    unfinished = {Status(status).label: n for status, n in sorted(counts.items()) if status in UNFINISHED and n}
     if not unfinished:
         return None
     return f"{sum(unfinished.values())} unfinished task(s): " + ", ".join(f"{k}={v}" for k, v in unfinished.items())

@@ -17,6 +17,8 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from psycopg.types.datetime import TimestamptzLoader
 
+from .states import substitute
+
 SQL_DIR = Path(__file__).with_name("sql")
 _HEADER = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
 
@@ -37,7 +39,7 @@ QUERY_FILES = ("queries.sql", "partitions.sql", "dispatcher.sql")
 def _load():
     queries = {}
     for name in QUERY_FILES:
-        for query, body in parse((SQL_DIR / name).read_text()).items():
+        for query, body in parse(substitute((SQL_DIR / name).read_text())).items():
             if query in queries:
                 raise ValueError(f"query {query!r} is defined in two files")
             queries[query] = body

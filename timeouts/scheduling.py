@@ -14,6 +14,7 @@ from .conf import get_settings, notify_params
 from .errors import TaskConflict, TimeoutsError
 from .queries import execute, fetch_dicts, fetch_one, fetch_values
 from .registry import get_handler
+from .states import WAITING
 
 # First key of the two-key advisory lock, so our locks cannot collide with the host's one-key locks.
 ADVISORY_LOCK_NAMESPACE = 0x74696D65  # "time"
@@ -91,7 +92,7 @@ def _schedule_keyed(model, new: NewTask, using):
             )
         if new.on_conflict == "keep":
             return model.from_row(waiting[0], using), False
-        replaced = execute("cancel_by_key", {**key, "statuses": [0, 1]}, using=connection)
+        replaced = execute("cancel_by_key", {**key, "statuses": list(WAITING)}, using=connection)
         events.cancelled_rows(new.biz_type, replaced, using)
     return events.scheduled(_insert(model, new, connection), using), True
 

@@ -14,8 +14,8 @@ from .conf import notify_params
 from .queries import fetch_dicts, fetch_one
 from .registry import check_biz_type
 from .retry import retry_on_conflict
+from .states import CANCELLABLE, REQUEUEABLE, WAITING
 
-PENDING, DISPATCHED, DONE, CANCELLED, RUNNING, DEAD = range(6)
 MOVES_FOLLOWED = 3
 
 
@@ -40,21 +40,21 @@ def _change(task, query, allowed_from, extra=None) -> bool:
 def cancel(task) -> bool:
     """True only if the handler will never run: the task was PENDING, DISPATCHED (claimed, but its
     worker's compare-and-set had not happened) or DEAD."""
-    return events.cancelled_task(task, _change(task, "cancel_task", (PENDING, DISPATCHED, DEAD)))
+    return events.cancelled_task(task, _change(task, "cancel_task", CANCELLABLE))
 
 
 def reschedule(task, *, at=None, delay=None) -> bool:
     at, delay = validation.action_time(at, delay)
-    return _change(task, "reschedule_task", (PENDING, DISPATCHED), {"at": at, "delay": delay, **notify_params()})
+    return _change(task, "reschedule_task", WAITING, {"at": at, "delay": delay, **notify_params()})
 
 
 def requeue(task) -> bool:
-    return _change(task, "requeue_task", (CANCELLED, DEAD), notify_params())
+    return _change(task, "requeue_task", REQUEUEABLE, notify_params())
 
 
 def cancel_by_key(biz_type, biz_id, *, using="default") -> int:
     params = {"biz_type": check_biz_type(biz_type), "biz_id": validation.biz_id(biz_id),
-              "statuses": [PENDING, DISPATCHED, DEAD]}
+              "statuses": list(CANCELLABLE)}
     connection = connections[using]
     rows = retry_on_conflict(lambda: fetch_dicts("cancel_by_key", params, using=connection), using=using)
     return events.cancelled(biz_type, len(rows), using)

@@ -14,9 +14,7 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.core.exceptions import PermissionDenied
 
 from .. import operations
-from ..models import TimeoutTask
-
-Status = TimeoutTask.Status
+from ..states import Status
 
 # "Select all" can mean millions of rows; an action works on at most this many, one by one.
 MAX_TASKS = 1000

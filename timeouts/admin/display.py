@@ -6,9 +6,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from .. import stats
-from ..models import TimeoutTask
-
-Status = TimeoutTask.Status
+from ..states import Status
 
 # Background colours with white text (contrast >= 4.5:1), in both of the admin's themes.
 STATUS_COLOURS = {

@@ -11,9 +11,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from .. import registry
-from ..models import TimeoutTask
-
-Status = TimeoutTask.Status
+from ..states import Status
 
 # Statuses only a task that has started can have: its action_time is in the past, so the future
 # partitions need not be read (started_at >= run_at >= action_time, by the compare-and-set and a

@@ -8,7 +8,7 @@ CREATE TABLE timeouts_task (
     job_id        bigint       NOT NULL DEFAULT nextval('timeouts_task_job_id_seq'),
     biz_type      varchar(64)  NOT NULL,
     biz_id        varchar(255) NOT NULL,
-    status        smallint     NOT NULL DEFAULT 0,
+    status        smallint     NOT NULL DEFAULT :PENDING,
     action_time   timestamptz  NOT NULL,
     -- When the next attempt may start: action_time at first, later than that after a retry.
     run_at        timestamptz  NOT NULL,
@@ -27,17 +27,17 @@ CREATE TABLE timeouts_task (
     CONSTRAINT timeouts_task_biz_type_valid CHECK (biz_type ~ '^[A-Za-z0-9_.:-]{1,64}$'),
     CONSTRAINT timeouts_task_biz_id_valid CHECK (length(biz_id) BETWEEN 1 AND 255),
     -- 0 PENDING, 1 DISPATCHED, 2 DONE, 3 CANCELLED, 4 RUNNING, 5 DEAD
-    CONSTRAINT timeouts_task_status_valid CHECK (status BETWEEN 0 AND 5),
+    CONSTRAINT timeouts_task_status_valid CHECK (status BETWEEN :PENDING AND :DEAD),
     CONSTRAINT timeouts_task_attribute_object CHECK (jsonb_typeof(attribute) = 'object'),
     CONSTRAINT timeouts_task_attempts_valid
         CHECK (attempts >= 0 AND max_attempts >= 1 AND attempts <= max_attempts),
     CONSTRAINT timeouts_task_ttr_positive CHECK (ttr >= 1),
     CONSTRAINT timeouts_task_never_early CHECK (run_at >= action_time),
     -- Exactly the claimed (DISPATCHED) and started (RUNNING) tasks hold a lease.
-    CONSTRAINT timeouts_task_lease_iff_claimed CHECK ((status IN (1, 4)) = (lease_until IS NOT NULL)),
-    CONSTRAINT timeouts_task_dispatched_has_time CHECK (status <> 1 OR dispatched_at IS NOT NULL),
-    CONSTRAINT timeouts_task_started_has_time CHECK (status NOT IN (2, 4) OR started_at IS NOT NULL),
-    CONSTRAINT timeouts_task_finished_iff_final CHECK ((status IN (2, 3, 5)) = (finished_at IS NOT NULL))
+    CONSTRAINT timeouts_task_lease_iff_claimed CHECK ((status IN (:DISPATCHED, :RUNNING)) = (lease_until IS NOT NULL)),
+    CONSTRAINT timeouts_task_dispatched_has_time CHECK (status <> :DISPATCHED OR dispatched_at IS NOT NULL),
+    CONSTRAINT timeouts_task_started_has_time CHECK (status NOT IN (:DONE, :RUNNING) OR started_at IS NOT NULL),
+    CONSTRAINT timeouts_task_finished_iff_final CHECK ((status IN (:DONE, :CANCELLED, :DEAD)) = (finished_at IS NOT NULL))
 ) PARTITION BY RANGE (action_time);
 
 ALTER SEQUENCE timeouts_task_job_id_seq OWNED BY timeouts_task.job_id;
@@ -48,10 +48,10 @@ CREATE TABLE timeouts_task_default PARTITION OF timeouts_task DEFAULT;
 
 -- What is due: the scan and the dispatcher walk this in run_at order. Partial, so it only holds
 -- waiting tasks and stays small however many finished rows a partition keeps.
-CREATE INDEX timeouts_task_due ON timeouts_task (run_at) WHERE status = 0;
+CREATE INDEX timeouts_task_due ON timeouts_task (run_at) WHERE status = :PENDING;
 
 -- Lease recovery: claimed or running tasks whose lease ran out.
-CREATE INDEX timeouts_task_lease ON timeouts_task (lease_until) WHERE status IN (1, 4);
+CREATE INDEX timeouts_task_lease ON timeouts_task (lease_until) WHERE status IN (:DISPATCHED, :RUNNING);
 
 -- Cancel by business key, on_conflict, and the admin's search by biz_id.
 CREATE INDEX timeouts_task_biz ON timeouts_task (biz_id, biz_type);

@@ -24,4 +24,4 @@ CREATE INDEX IF NOT EXISTS timeouts_task_biz_type ON timeouts_task (biz_type, ac
 -- The PENDING, CANCELLED and DEAD filters, however rare they are in a partition (PENDING tasks are
 -- rare in past partitions; DEAD tasks wait for an operator and keep their partition from being dropped).
 CREATE INDEX IF NOT EXISTS timeouts_task_status ON timeouts_task (status, action_time)
-    WHERE status IN (0, 3, 5);
+    WHERE status IN (:PENDING, :CANCELLED, :DEAD);

@@ -6,5 +6,5 @@
 -- (the NOTIFY payloads use the same unit). min() over the partial index timeouts_task_due is one
 -- index probe per partition (a MinMaxAgg over a Merge Append of index-only scans), however many
 -- tasks wait. Also the dispatcher's keepalive.
-SELECT extract(epoch FROM (SELECT min(run_at) FROM timeouts_task WHERE status = 0))::float8 AS deadline,
+SELECT extract(epoch FROM (SELECT min(run_at) FROM timeouts_task WHERE status = :PENDING))::float8 AS deadline,
        extract(epoch FROM clock_timestamp())::float8 AS now;

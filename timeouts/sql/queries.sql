@@ -46,14 +46,14 @@ SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(%(biz_type)s || ':' || %(bi
 -- name: waiting_tasks_for_key
 -- Tasks of one key that have not started yet (PENDING or DISPATCHED).
 SELECT * FROM timeouts_task
-WHERE biz_id = %(biz_id)s AND biz_type = %(biz_type)s AND status IN (0, 1)
+WHERE biz_id = %(biz_id)s AND biz_type = %(biz_type)s AND status IN (:PENDING, :DISPATCHED)
 ORDER BY action_time, job_id
 FOR UPDATE;
 
 
 -- name: cancel_by_key
 UPDATE timeouts_task
-SET status = 3, finished_at = c.now, modified_at = c.now, lease_until = NULL
+SET status = :CANCELLED, finished_at = c.now, modified_at = c.now, lease_until = NULL
 FROM (SELECT clock_timestamp() AS now) AS c
 WHERE biz_id = %(biz_id)s AND biz_type = %(biz_type)s AND status = ANY(%(statuses)s::smallint[])
 RETURNING job_id;
@@ -63,9 +63,9 @@ RETURNING job_id;
 -- PENDING and DISPATCHED tasks have not started: cancelling them is fenced by the worker's
 -- compare-and-set (which needs status DISPATCHED). DEAD ones are discarded.
 UPDATE timeouts_task
-SET status = 3, finished_at = c.now, modified_at = c.now, lease_until = NULL
+SET status = :CANCELLED, finished_at = c.now, modified_at = c.now, lease_until = NULL
 FROM (SELECT clock_timestamp() AS now) AS c
-WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status IN (0, 1, 5)
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status IN (:PENDING, :DISPATCHED, :DEAD)
 RETURNING timeouts_task.*;
 
 
@@ -77,19 +77,19 @@ SELECT * FROM timeouts_task WHERE job_id = %(job_id)s;
 -- name: reschedule_task
 -- Changing action_time moves the row to another partition when it crosses a bucket boundary.
 UPDATE timeouts_task
-SET action_time = due.t, run_at = due.t, status = 0, lease_until = NULL, modified_at = clock_timestamp()
+SET action_time = due.t, run_at = due.t, status = :PENDING, lease_until = NULL, modified_at = clock_timestamp()
 FROM (SELECT coalesce(%(at)s::timestamptz, clock_timestamp() + %(delay)s::interval) AS t) AS due
-WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status IN (0, 1)
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status IN (:PENDING, :DISPATCHED)
 RETURNING timeouts_task.*,
     timeouts_notify_v1(%(channel)s, due.t, clock_timestamp() + %(horizon)s * interval '1 second') AS notified;
 
 
 -- name: requeue_task
 UPDATE timeouts_task
-SET status = 0, action_time = c.now, run_at = c.now, attempts = 0, lease_until = NULL,
+SET status = :PENDING, action_time = c.now, run_at = c.now, attempts = 0, lease_until = NULL,
     started_at = NULL, finished_at = NULL, modified_at = c.now
 FROM (SELECT clock_timestamp() AS now) AS c
-WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status IN (3, 5)
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status IN (:CANCELLED, :DEAD)
 RETURNING timeouts_task.*, timeouts_notify_v1(%(channel)s, c.now, c.now) AS notified;
 
 
@@ -111,14 +111,14 @@ WITH dispatched AS (
     FROM (
         SELECT lease_until, ttr FROM timeouts_task
         -- A claimed task was due when claimed: no future partition can hold one.
-        WHERE status = 1 AND action_time <= now() + %(lead)s * interval '1 second'
+        WHERE status = :DISPATCHED AND action_time <= now() + %(lead)s * interval '1 second'
         LIMIT %(max_dispatched)s
     ) AS capped
 ),
 due AS (
     SELECT job_id, action_time, tableoid, ctid
     FROM timeouts_task
-    WHERE status = 0
+    WHERE status = :PENDING
       AND run_at <= now() + %(lead)s * interval '1 second'
       -- Implied by run_at >= action_time; spelled out so future partitions are pruned.
       AND action_time <= now() + %(lead)s * interval '1 second'
@@ -128,7 +128,7 @@ due AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE timeouts_task AS t
-SET status = 1, dispatched_at = now(), modified_at = now(), lease_until = now() + t.ttr * interval '1 second'
+SET status = :DISPATCHED, dispatched_at = now(), modified_at = now(), lease_until = now() + t.ttr * interval '1 second'
 FROM due
 -- Each row is found again where `due` locked it (it cannot move while locked): its partition, then
 -- its ctid. Joined by key alone, a partition whose statistics predate a burst scheduled into it is
@@ -147,9 +147,9 @@ RETURNING t.job_id, t.action_time, t.run_at, t.biz_type, t.attempts, t.ttr, now(
 -- name: release_claims
 -- Give back claims whose message was never published, without waiting for their lease.
 UPDATE timeouts_task AS t
-SET status = 0, lease_until = NULL, modified_at = clock_timestamp()
+SET status = :PENDING, lease_until = NULL, modified_at = clock_timestamp()
 FROM unnest(%(job_ids)s::bigint[], %(action_times)s::timestamptz[]) AS r(job_id, action_time)
-WHERE t.job_id = r.job_id AND t.action_time = r.action_time AND t.status = 1
+WHERE t.job_id = r.job_id AND t.action_time = r.action_time AND t.status = :DISPATCHED
 RETURNING timeouts_notify_v1(%(channel)s, t.run_at, clock_timestamp() + %(horizon)s * interval '1 second');
 
 
@@ -161,11 +161,11 @@ RETURNING timeouts_notify_v1(%(channel)s, t.run_at, clock_timestamp() + %(horizo
 -- The state is compared with IS NOT DISTINCT FROM (`=` for these NOT NULL columns) so that only
 -- the primary key can find the row: see queries.py, ON_PARTITION.
 UPDATE timeouts_task
-SET status = 4, attempts = attempts + 1, started_at = c.now, modified_at = c.now,
+SET status = :RUNNING, attempts = attempts + 1, started_at = c.now, modified_at = c.now,
     lease_until = c.now + (ttr + %(lease_extra)s) * interval '1 second'
 FROM (SELECT clock_timestamp() AS now) AS c
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s
-  AND (status, attempts) IS NOT DISTINCT FROM (1, %(attempt)s - 1) AND run_at <= c.now
+  AND (status, attempts) IS NOT DISTINCT FROM (:DISPATCHED, %(attempt)s - 1) AND run_at <= c.now
 RETURNING timeouts_task.*;
 
 
@@ -182,10 +182,10 @@ WHERE job_id = %(job_id)s AND action_time = %(action_time)s;
 -- start (start_task) stays durable: a cancel() must never succeed after a handler started.
 -- The state is compared as in start_task.
 UPDATE timeouts_task
-SET status = 2, finished_at = c.now, modified_at = c.now, lease_until = NULL
+SET status = :DONE, finished_at = c.now, modified_at = c.now, lease_until = NULL
 FROM (SELECT clock_timestamp() AS now, set_config('synchronous_commit', 'off', true)) AS c
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s
-  AND (status, attempts) IS NOT DISTINCT FROM (4, %(attempt)s)
+  AND (status, attempts) IS NOT DISTINCT FROM (:RUNNING, %(attempt)s)
 RETURNING job_id;
 
 
@@ -201,19 +201,19 @@ RETURNING job_id;
 WITH c AS (SELECT clock_timestamp() AS now),
 finished AS (
 UPDATE timeouts_task
-SET status = 2, finished_at = c.now, modified_at = c.now, lease_until = NULL
+SET status = :DONE, finished_at = c.now, modified_at = c.now, lease_until = NULL
 FROM c
 WHERE job_id = %(done_job_id)s AND action_time = %(done_action_time)s
-  AND (status, attempts) IS NOT DISTINCT FROM (4, %(done_attempt)s)
+  AND (status, attempts) IS NOT DISTINCT FROM (:RUNNING, %(done_attempt)s)
 RETURNING job_id
 ),
 started AS (
 UPDATE timeouts_task
-SET status = 4, attempts = attempts + 1, started_at = c.now, modified_at = c.now,
+SET status = :RUNNING, attempts = attempts + 1, started_at = c.now, modified_at = c.now,
     lease_until = c.now + (ttr + %(lease_extra)s) * interval '1 second'
 FROM c
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s
-  AND (status, attempts) IS NOT DISTINCT FROM (1, %(attempt)s - 1) AND run_at <= c.now
+  AND (status, attempts) IS NOT DISTINCT FROM (:DISPATCHED, %(attempt)s - 1) AND run_at <= c.now
 RETURNING timeouts_task.*
 )
 SELECT EXISTS (SELECT FROM finished) AS finished, started.*
@@ -223,14 +223,14 @@ FROM (SELECT) AS one LEFT JOIN started ON true;
 -- name: fail_task
 -- A raising handler: back to PENDING after a backoff, or DEAD once attempts are used up.
 UPDATE timeouts_task
-SET status = CASE WHEN attempts >= max_attempts THEN 5 ELSE 0 END,
+SET status = CASE WHEN attempts >= max_attempts THEN :DEAD ELSE :PENDING END,
     run_at = CASE WHEN attempts >= max_attempts THEN run_at
                   ELSE greatest(run_at, c.now + %(backoff)s * interval '1 second') END,
     finished_at = CASE WHEN attempts >= max_attempts THEN c.now END,
     last_error = %(error)s, lease_until = NULL, modified_at = c.now
 FROM (SELECT clock_timestamp() AS now) AS c
-WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status = 4 AND attempts = %(attempt)s
-RETURNING status, timeouts_notify_v1(%(channel)s, CASE WHEN status = 0 THEN run_at END, c.now + %(horizon)s * interval '1 second') AS notified;
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status = :RUNNING AND attempts = %(attempt)s
+RETURNING status, timeouts_notify_v1(%(channel)s, CASE WHEN status = :PENDING THEN run_at END, c.now + %(horizon)s * interval '1 second') AS notified;
 
 
 -- name: recover_expired
@@ -240,18 +240,18 @@ RETURNING status, timeouts_notify_v1(%(channel)s, CASE WHEN status = 0 THEN run_
 WITH expired AS (
     SELECT job_id, action_time
     FROM timeouts_task
-    WHERE status IN (1, 4) AND lease_until < clock_timestamp()
+    WHERE status IN (:DISPATCHED, :RUNNING) AND lease_until < clock_timestamp()
     ORDER BY lease_until
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
 UPDATE timeouts_task AS t
-SET status = CASE WHEN t.status = 4 AND t.attempts >= t.max_attempts THEN 5 ELSE 0 END,
-    finished_at = CASE WHEN t.status = 4 AND t.attempts >= t.max_attempts THEN c.now END,
-    last_error = CASE WHEN t.status = 4
+SET status = CASE WHEN t.status = :RUNNING AND t.attempts >= t.max_attempts THEN :DEAD ELSE :PENDING END,
+    finished_at = CASE WHEN t.status = :RUNNING AND t.attempts >= t.max_attempts THEN c.now END,
+    last_error = CASE WHEN t.status = :RUNNING
         THEN format('attempt %%s: lease of %%s s expired while running (worker lost, or the handler ran longer than its TTR)', t.attempts, t.ttr)
         ELSE t.last_error END,
     lease_until = NULL, modified_at = c.now
 FROM expired, (SELECT clock_timestamp() AS now) AS c
 WHERE t.job_id = expired.job_id AND t.action_time = expired.action_time
-RETURNING t.job_id, t.status, t.biz_type, timeouts_notify_v1(%(channel)s, CASE WHEN t.status = 0 THEN t.run_at END, c.now) AS notified;
+RETURNING t.job_id, t.status, t.biz_type, timeouts_notify_v1(%(channel)s, CASE WHEN t.status = :PENDING THEN t.run_at END, c.now) AS notified;
