@@ -1,9 +1,17 @@
+"""Fixtures shared by the layers. None is autouse and none needs a service until a test asks for it,
+so tests/unit runs with no PostgreSQL and no broker:
+
+- `django_db_setup` (session): pytest-django's test database, plus the table the test handlers
+  record their starts in.
+- `starts`: those recorded starts, emptied for each test (needs the database).
+- `broker` (session): the test broker, emptied before and after.
+"""
+
 import pytest
 import redis
 from django.conf import settings
 from django.db import connection
 
-from tests import processes
 from tests.testapp import recorder
 from tests.testapp.recorder import TABLE_SQL
 
@@ -62,17 +70,3 @@ class _FolderBroker:
             for message in pathlib.Path(folder).glob("*.msg"):
                 message.unlink(missing_ok=True)
         return True
-
-
-@pytest.fixture
-def worker(transactional_db, broker):
-    """A real Celery worker (prefork, 2 processes) on the test database and broker."""
-    from project.celery import app
-
-    broker.flushdb()
-    process = processes.celery_worker(env=processes.django_env())
-    try:
-        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
-        yield process
-    finally:
-        processes.stop(process)

@@ -114,7 +114,7 @@ def test_check_command_shows_the_messages():
         call_command("check")
 
 
-def test_a_worker_that_reconnects_for_every_task_is_warned_about(settings, monkeypatch):
+def test_handlers_that_would_reconnect_for_every_task_are_warned_about(settings, monkeypatch):
     from django.db import connections
 
     assert "timeouts.W004" not in ids(checks.check_celery())  # the project keeps its connections

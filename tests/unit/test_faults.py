@@ -84,19 +84,3 @@ def test_a_bad_setting_fails_at_import(tmp_path):
     result = subprocess.run([sys.executable, "-c", "import timeouts.faults"], check=False, env=env, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode != 0 and "unknown fault point" in result.stderr
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize(("point", "status_after"), [("claim.before_commit", 0), ("claim.after_commit", 1)])
-def test_claim_points_fire_before_and_after_the_claim_commits(monkeypatch, point, status_after):
-    from timeouts.claiming import claim_due
-    from timeouts.models import TimeoutTask
-
-    task = TimeoutTask.objects.schedule("test.record", "fault", delay=0)
-    monkeypatch.setattr(faults, "ARMED", parse(f"{point}=raise"))
-    with pytest.raises(FaultInjected):
-        claim_due(10)
-    task.refresh_from_db()
-    assert task.status == status_after  # rolled back: PENDING; committed: DISPATCHED
-    task.cancel()
-    assert claim_due(10) == []  # an empty claim fires nothing

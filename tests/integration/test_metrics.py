@@ -10,7 +10,6 @@ from django.test import override_settings
 from django.urls import path
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests import processes
 from timeouts import events, metrics, running
 from timeouts.claiming import claim_due
 from timeouts.models import TimeoutTask
@@ -129,45 +128,3 @@ def test_the_view_says_what_to_install_without_prometheus_client(client, monkeyp
     monkeypatch.setattr(metrics, "prometheus_client", None)
     response = client.get("/metrics/timeouts")
     assert response.status_code == 501 and b"django-timeouts[prometheus]" in response.content
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-@override_settings(ROOT_URLCONF=__name__)
-def test_a_prefork_workers_counts_add_up_across_its_processes(client, broker, starts, tmp_path, monkeypatch):
-    """Two prefork children run the scan and the handlers; the view, reading PROMETHEUS_MULTIPROC_DIR,
-    sees the sum of what every child counted."""
-    from project.celery import app
-
-    worker = processes.celery_worker(env=processes.django_env(PROMETHEUS_MULTIPROC_DIR=tmp_path), name="metrics-worker")
-    try:
-        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
-        TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": i, "delay": -0.001}
-                                           for i in range(8)])
-        failing = due("test.fail")
-
-        def settled():
-            app.send_task("timeouts.scan")  # the scan, too, runs in a worker child
-            with connection.cursor() as cursor:  # skip the retry's backoff
-                cursor.execute("UPDATE timeouts_task SET run_at = action_time WHERE status = 0 AND attempts > 0")
-            done = TimeoutTask.objects.filter(status=Status.DONE).count()
-            return done == 8 and TimeoutTask.objects.get(job_id=failing.job_id).status == Status.DEAD
-
-        processes.wait_for(settled, timeout=60, interval=0.5, message="8 done and 1 dead")
-        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
-        text = client.get("/metrics/timeouts").content.decode()
-    finally:
-        processes.stop(worker)
-    samples = {(s.name, s.labels.get("biz_type")): s.value
-               for family in text_string_to_metric_families(text) for s in family.samples if "le" not in s.labels}
-    assert samples[("timeouts_dispatched_total", "test.record")] == 8
-    assert samples[("timeouts_done_total", "test.record")] == 8
-    assert samples[("timeouts_lateness_seconds_count", "test.record")] == 8
-    assert samples[("timeouts_dispatched_total", "test.fail")] == 2
-    assert samples[("timeouts_retried_total", "test.fail")] == 1
-    assert samples[("timeouts_dead_total", "test.fail")] == 1
-    assert ("timeouts_scheduled_total", "test.record") not in samples  # the test process counts in memory
-    assert samples[("timeouts_pending_tasks", None)] == 0
-    assert len(starts.all()) == 10
-    pids = {path.name.split("_")[-1] for path in tmp_path.glob("counter_*.db")}
-    assert pids, "no counter files were written"

@@ -2,8 +2,6 @@
 grouped and published, and that each task of a batch is still fenced, never early, run once, and
 not held behind a slow handler."""
 
-import time
-from collections import Counter
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -12,11 +10,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import timeouts
-from tests import processes
 from tests.broker_messages import message_etas, queued_messages, shown_arguments
 from timeouts import batches, faults, queries, registry, running
 from timeouts.claiming import claim_due
-from timeouts.dispatcher import Dispatcher
 from timeouts.models import TimeoutTask
 from timeouts.publishing import ETA_HEADROOM, publish
 
@@ -236,43 +232,3 @@ def test_a_start_in_a_batch_leases_the_task_until_the_batch_time_limit():
     [claim] = claim_due(10)
     started = running.start({"job_id": claim.job_id, "action_time": claim.action_time}, claim.attempt, 0.75)
     assert (started.lease_until - started.started_at).total_seconds() == pytest.approx(task.ttr + 0.75)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_a_worker_that_dies_inside_a_batch_gets_it_again_and_runs_the_rest_once(broker, starts):
-    """acks_late + reject_on_worker_lost: the batch is delivered again; the tasks that finished or
-    started are dropped by their compare-and-set, the rest run. (The task whose process died waits
-    out its lease, as a single message's would: see test_celery.)"""
-    from project.celery import app
-
-    broker.flushdb()
-    # One pool process, which exits right after its third compare-and-set; its replacement
-    # counts from zero.
-    env = processes.django_env(TIMEOUTS_FAULTS="run.after_start=exit#3")
-    worker = processes.celery_worker(env=env, name="worker-batch-crash", concurrency=1)
-    try:
-        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
-        tasks = schedule_due("test.record", 5)
-        publish(claim_due(10))  # one timeouts.run_batch message (see the first test)
-        # The third task's compare-and-set committed, then its process died before the handler.
-        processes.wait_for(lambda: starts.count() >= 4, 60, message="the batch, delivered again, to finish")
-        time.sleep(0.5)  # nothing more may start
-        assert Counter(job_id for job_id, *_ in starts.all()) == Counter(t.job_id for t in tasks if t != tasks[2])
-        statuses = [TimeoutTask.objects.get(pk=t.pk).status for t in tasks]
-        assert statuses == [Status.DONE, Status.DONE, Status.RUNNING, Status.DONE, Status.DONE]
-    finally:
-        processes.stop(worker)
-        broker.flushdb()
-
-
-def test_the_dispatcher_claims_tasks_due_one_after_another_half_a_lead_at_a_time():
-    dispatcher = Dispatcher(lead=0.1)
-    dispatcher.db_offset, dispatcher.last_claim = 0.0, 100.0
-    # Due well after the last claim: woken a lead (plus the margin) before it, as always.
-    assert dispatcher._local(100.2) == pytest.approx(100.101)
-    # Due soon after the last claim: not before half a lead after that claim...
-    assert dispatcher._local(100.12) == pytest.approx(100.05)
-    # ...unless that would leave less than half a lead before it is due.
-    assert dispatcher._local(100.08) == pytest.approx(100.031)
-    connection.close()

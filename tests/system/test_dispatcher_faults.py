@@ -17,7 +17,7 @@ from django.db import connection
 from tests import processes
 from tests.broker_messages import queued_messages
 from tests.reliability.clusters import ThrowawayPostgres, postgres_available
-from tests.test_dispatcher import (
+from tests.system.test_dispatcher import (
     ON_TIME,
     dispatcher_backends,
     dispatcher_process,

@@ -107,12 +107,6 @@ def test_partition_sizes_list_every_partition():
     assert all(p["bytes"] > 0 for p in sizes) and len(sizes) >= 15
 
 
-def test_human_formats():
-    assert stats.seconds(0.0123) == "12.3 ms" and stats.seconds(75) == "75.00 s"
-    assert stats.seconds(3725) == "62 min 5 s" and stats.seconds(timedelta(days=3)) == "3 d 0 h"
-    assert stats.seconds(None) == "-" and stats.human_bytes(2048) == "2.0 kB"
-
-
 def test_command_text_and_json():
     task = TimeoutTask.objects.schedule("test.record", "late-one", at=now() - timedelta(minutes=3))
     out = io.StringIO()

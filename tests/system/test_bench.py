@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -71,37 +70,3 @@ def test_tiny_run_writes_json_with_every_field_and_loses_nothing(tmp_path):
     assert "steal %" in stdout and all(0 <= r["cpu_steal_pct"] <= 100 for r in result["runs"])
     if dispatcher:
         assert result["ratios"]["spread"]["scan/dispatcher"]["p50_ms"]["median"] > 0
-
-
-def test_peer_results_are_read_where_the_harness_writes_them_for_a_relative_json_path(monkeypatch, tmp_path):
-    """The harness runs in its own directory: a relative --json once sent its results there, and the
-    bench, reading next to its own JSON, found none (BENCHMARKS.md, third session)."""
-    from types import SimpleNamespace
-
-    from benchmarks.peers import Peers
-
-    monkeypatch.chdir(tmp_path)
-    cfg = SimpleNamespace(peers=("celery",), peers_src="peers-src", peers_dir="peers-dir")
-    peers = Peers(cfg, db=None, out_path=Path("var/bench/run-peers.jsonl"))
-    assert peers.out == tmp_path / "var" / "bench" / "run-peers.jsonl"
-    assert peers.log == tmp_path / "var" / "bench" / "run-peers.log"
-
-
-def test_the_peer_databases_the_bench_created_are_dropped_at_the_end(tmp_path):
-    from types import SimpleNamespace
-
-    from benchmarks.database import BenchDatabase
-    from benchmarks.peers import Peers
-
-    db = BenchDatabase("unused")
-    name = f"{settings.DATABASES['default']['TEST']['NAME']}_peer"
-    with db.admin() as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    cfg = SimpleNamespace(peers=("naive_ln",), peers_src="peers-src", peers_dir=str(tmp_path / "peers"))
-    peers = Peers(cfg, db, out_path=tmp_path / "run-peers.jsonl")
-    peers.created = [name]  # as setup() records the ones it creates
-    peers.drop_databases()
-    with db.admin() as admin:
-        assert not admin.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
-    assert peers.created == []

@@ -1,0 +1,22 @@
+"""The fault points inside the claim fire on either side of its commit (timeouts.faults on a real
+PostgreSQL)."""
+
+import pytest
+
+from timeouts import faults
+from timeouts.claiming import claim_due
+from timeouts.faults import FaultInjected, parse
+from timeouts.models import TimeoutTask
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("point", "status_after"), [("claim.before_commit", 0), ("claim.after_commit", 1)])
+def test_claim_points_fire_before_and_after_the_claim_commits(monkeypatch, point, status_after):
+    task = TimeoutTask.objects.schedule("test.record", "fault", delay=0)
+    monkeypatch.setattr(faults, "ARMED", parse(f"{point}=raise"))
+    with pytest.raises(FaultInjected):
+        claim_due(10)
+    task.refresh_from_db()
+    assert task.status == status_after  # rolled back: PENDING; committed: DISPATCHED
+    task.cancel()
+    assert claim_due(10) == []  # an empty claim fires nothing
