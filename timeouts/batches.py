@@ -26,15 +26,15 @@ logger = logging.getLogger(__name__)
 
 BUDGET = 1.0  # seconds a batch may run before it hands its unstarted tasks back
 
-# partition: where the claim found the row (messages from before it was sent have none).
-Item = namedtuple("Item", "job_id action_time attempt run_at partition", defaults=(None,))
+# partition: where the claim found the row, for the worker's UPDATEs to go straight there.
+Item = namedtuple("Item", "job_id action_time attempt run_at partition")
 
 
 def run_batch(items) -> str:
     """Run the batch's tasks in order; returns a summary of the outcomes."""
     # action_time stays the message's text: run() takes it so, and release() casts it in SQL.
-    items = [Item(job_id, action_time, attempt, datetime.fromisoformat(run_at), *partition)
-             for job_id, action_time, attempt, run_at, *partition in items]
+    items = [Item(job_id, action_time, attempt, datetime.fromisoformat(run_at), partition)
+             for job_id, action_time, attempt, run_at, partition in items]
     began = time.monotonic()
     outcomes = Counter()
     done = None  # the last handler's DONE, which the next start writes (running.Done)

@@ -5,12 +5,14 @@ committed before anything is published, so a claimer never holds row locks acros
 two claimers never get the same task.
 """
 
+import contextlib
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import connection, transaction
+from django.db import Error
+from django.db.transaction import TransactionManagementError
 
-from . import events, faults
+from . import events, faults, own_connection
 from .conf import get_settings, notify_params
 from .queries import execute, fetch_dicts
 from .retry import retry_on_conflict
@@ -44,8 +46,8 @@ class Claim:
 
 def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
     """Claim up to `limit` PENDING tasks due within `lead` seconds, by the database clock."""
-    if connection.in_atomic_block:
-        raise RuntimeError("claim_due() must commit before publishing: call it outside transaction.atomic()")
+    if own_connection.current().in_atomic_block:
+        raise TransactionManagementError("claim_due() must commit before publishing: call it outside transaction.atomic()")
     params = {"limit": limit, "lead": float(lead), "max_dispatched": get_settings().MAX_DISPATCHED}
     claim = lambda: fetch_dicts("claim_due", params)
     if faults.ARMED and faults.armed("claim.before_commit"):
@@ -69,11 +71,21 @@ def _faulting_before_commit(claim):
     """The claim inside a transaction, with the `claim.before_commit` fault point before its commit."""
 
     def claim_then_fault():
-        with transaction.atomic():
+        db = own_connection.current()  # a dispatcher's own, which transaction.atomic() cannot take
+        db.set_autocommit(False)
+        committed = False
+        try:
             rows = claim()
             if rows:
                 faults.fault("claim.before_commit")
+            db.commit()
+            committed = True
             return rows
+        finally:
+            with contextlib.suppress(Error):  # a broken connection is closed by the claimer's fault handling
+                if not committed:
+                    db.rollback()
+                db.set_autocommit(True)
 
     return claim_then_fault
 

@@ -5,7 +5,8 @@ It knows only one number, the nearest pending deadline. It reads it from the tab
 query) after every (re)connect and at least every NOTIFY_HORIZON / 2, and lowers it when a
 notification brings an earlier deadline. Between those it sleeps on its LISTEN socket, so tasks far
 in the future cost nothing. Claiming and publishing are the scan's own code (`claim_due`,
-`publish`), on Django's connection: SKIP LOCKED lets any number of dispatchers (and scans) run at
+`publish`), on a connection of its own (own_connection.py: a claim is prepared, and CONN_MAX_AGE
+does not reopen it every round): SKIP LOCKED lets any number of dispatchers (and scans) run at
 once without a task being published twice.
 
 Times: deadlines are on the database clock; the dispatcher maps them onto its local monotonic clock
@@ -20,8 +21,8 @@ import time
 
 import psycopg
 from django.db import Error as DjangoDatabaseError
-from django.db import close_old_connections, connection
 
+from . import own_connection
 from .bounded_publishing import PublishFailed, publish_bounded, warm_up_broker
 from .claiming import claim_due
 from .conf import get_settings
@@ -98,6 +99,10 @@ class Dispatcher:
         """Dispatch until `stop` is set. Survives database and broker faults."""
         logger.info("timeouts.dispatcher: started (lead %s s, batch %s)", self.lead, self.batch_size)
         warm_up_broker()
+        with own_connection.used():
+            self._run()
+
+    def _run(self):
         try:
             while self._connect():
                 try:
@@ -140,7 +145,7 @@ class Dispatcher:
     def _disconnect(self):
         self.listener.close()
         try:
-            connection.close()  # Django's, for this thread: it may have died with the database
+            own_connection.current().close()  # it may have died with the database
         except DjangoDatabaseError:
             pass
 
@@ -206,7 +211,6 @@ class Dispatcher:
     def _dispatch(self):
         """Claim and publish batch after batch while they come back full."""
         self.stats.add(wakeups=1)
-        close_old_connections()  # Django's connection: replaced if it broke or aged out
         started = self.last_claim = self.clock()
         claimed = published = 0
         while True:

@@ -13,10 +13,10 @@ from pathlib import Path
 from weakref import WeakKeyDictionary
 
 import psycopg
-from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from psycopg.types.datetime import TimestamptzLoader
 
+from . import own_connection
 from .states import substitute
 
 SQL_DIR = Path(__file__).with_name("sql")
@@ -73,10 +73,11 @@ PREPARED = frozenset({"insert_task", "insert_task_autocommit", "claim_due", "sta
 
 
 def execute(name, params=None, *, using=None, partition=None):
-    """Run a named query on Django's connection (or `using`: another Django connection, or a bare
-    psycopg one, whose cursors bind on the server already) and return the cursor (rows not fetched).
+    """Run a named query and return the cursor (rows not fetched): on `using` (a Django connection, or
+    a bare psycopg one, whose cursors bind on the server already), else on the connection timeouts'
+    statements use in this thread (own_connection.current(): Django's, or a worker's own).
     `partition`: run one of the ON_PARTITION queries on that partition of timeouts_task."""
-    db = using or connections[DEFAULT_DB_ALIAS]
+    db = using or own_connection.current()
     if name in PREPARED and isinstance(db, BaseDatabaseWrapper):
         cursor = _kept_cursor(db, name)
     else:

@@ -7,10 +7,10 @@ import traceback
 from datetime import datetime
 from typing import NamedTuple
 
-from django.db import InterfaceError, OperationalError, ProgrammingError, connection
+from django.db import InterfaceError, OperationalError, ProgrammingError
 from psycopg.errors import UndefinedTable
 
-from . import events, faults
+from . import events, faults, own_connection
 from .conf import notify_params
 from .models import TimeoutTask
 from .queries import fetch_one, is_partition_name
@@ -63,7 +63,7 @@ def run_leaving_done(job_id, action_time, attempt, partition=None, lease_extra=0
     that task. Returns (previous's outcome, this task's outcome or None, this task's Done or None)."""
     key = {"job_id": job_id, "action_time": datetime.fromisoformat(action_time)}
     # Inside a host's transaction (an eager task) a missing partition would abort it: no shortcut.
-    partition = partition if is_partition_name(partition) and not connection.in_atomic_block else None
+    partition = partition if is_partition_name(partition) and not own_connection.current().in_atomic_block else None
     if previous is not None and previous.partition == partition:
         task, previous_outcome = _finish_then_start(previous, key, attempt, lease_extra, partition)
     else:
@@ -137,10 +137,11 @@ def _on_a_new_connection_if_broken(query: str, params: dict, delays, partition=N
         try:
             return retry_on_conflict(lambda: _where_the_row_is(query, params, partition))
         except (OperationalError, InterfaceError) as exc:
-            if connection.in_atomic_block:
+            db = own_connection.current()
+            if db.in_atomic_block:
                 raise
             logger.warning("timeouts: %s failed (%s); reconnecting in %.1f s", query, exc, delay)
-            connection.close()
+            db.close()
             time.sleep(delay)
     return retry_on_conflict(lambda: _where_the_row_is(query, params, partition))
 

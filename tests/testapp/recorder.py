@@ -35,6 +35,24 @@ def record(task):
     )
 
 
+CONNECTIONS_TABLE_SQL = """
+CREATE TABLE IF NOT EXISTS timeouts_test_connections (
+    job_id bigint NOT NULL,
+    timeouts_pid integer NOT NULL,  -- the server process that ran the task's start
+    orm_pid integer NOT NULL  -- the one behind Django's connection, which the handler's ORM uses
+)
+"""
+
+
+def record_connections(task, timeouts_connection):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        [orm_pid] = cursor.fetchone()
+    _connection().execute(
+        "INSERT INTO timeouts_test_connections (job_id, timeouts_pid, orm_pid) VALUES (%s, %s, %s)",
+        (task.job_id, timeouts_connection.connection.info.backend_pid, orm_pid))
+
+
 def close():
     global _conn
     if _conn is not None:

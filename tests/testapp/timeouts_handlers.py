@@ -6,9 +6,10 @@ import os
 import time
 
 import timeouts
+from timeouts import own_connection
 
 from . import oracle_handlers  # noqa: F401  (registers the reliability scenarios' handlers)
-from .recorder import record
+from .recorder import record, record_connections
 
 
 @timeouts.handler("test.record")
@@ -39,3 +40,9 @@ def crash_own_process(task):
 @timeouts.handler("test.queued", queue="timeouts-test-other")
 def on_other_queue(task):
     record(task)
+
+
+@timeouts.handler("test.connections")
+def record_connections_used(task):
+    """Records the server process behind timeouts' statements and the one behind the handler's ORM."""
+    record_connections(task, own_connection.current())

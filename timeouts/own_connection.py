@@ -1,0 +1,84 @@
+"""The database connection that a Celery worker runs timeouts' own statements on.
+
+Celery closes Django's connections before and after every task unless `CELERY_DB_REUSE_MAX` is
+set, and Django's default `CONN_MAX_AGE = 0` lets none live longer. With those defaults every
+`timeouts.run` message would open a new PostgreSQL session (connect, authenticate, a new server
+process, Django's set-up queries) before its compare-and-set: several milliseconds on a task that
+should start within one. So a worker runs timeouts' statements (a task's start, its outcome, a
+batch's hand-back) on a connection of timeouts' own, one per worker thread, kept open across
+messages. The handler still sees Django's connection with the host's semantics: its ORM queries
+open, reuse and close connections exactly as the host configured.
+
+That connection is a Django connection (`DatabaseWrapper`) built from the same `DATABASES` entry,
+so error translation, `connection_created` receivers, the time zone and query logging behave as on
+Django's own. Two options differ:
+
+- `prepare_threshold`: psycopg's default (prepare a statement after five runs) unless the entry's
+  OPTIONS name a value, `None` included. The hot queries then skip PostgreSQL's parse and, for the
+  claim, its planning: a claim at half the cost (docs: explanation/benchmarks). Behind a pooler
+  that cannot keep prepared statements (PgBouncer in transaction mode before 1.21) set
+  `"prepare_threshold": None` in OPTIONS.
+- `pool`: never. One long-lived connection per thread needs no pool, and a pool's connections are
+  made with the pool's own options.
+
+A broken connection is replaced by the statement that finds it broken (running.py tries once more
+on a new one), so no health check is paid before each message. Eager tasks (`task_always_eager`)
+and tasks called as functions run inside the caller's process, maybe inside its transaction: they
+keep Django's connection.
+"""
+
+import copy
+import os
+import threading
+from contextlib import contextmanager
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+# psycopg's own default: a statement is prepared once it has run this many times on a connection.
+PSYCOPG_PREPARE_THRESHOLD = 5
+
+_local = threading.local()
+
+
+def current():
+    """The connection timeouts' statements use in this thread now: its own inside `used()`, else
+    Django's."""
+    return getattr(_local, "active", None) or connections[DEFAULT_DB_ALIAS]
+
+
+@contextmanager
+def used():
+    """Run the block's timeouts statements on this thread's own connection."""
+    if getattr(_local, "active", None) is not None:
+        yield
+        return
+    _local.active = _connection()
+    try:
+        yield
+    finally:
+        _local.active = None
+
+
+def _connection():
+    """This thread's own connection, made at first use. A child forked from a process that had one
+    makes its own: the socket is the parent's, so the copy is dropped without a word to the server
+    (closing it would end the parent's session)."""
+    kept = getattr(_local, "kept", None)
+    if kept is not None and kept[0] == os.getpid():
+        return kept[1]
+    django_connection = connections[DEFAULT_DB_ALIAS]
+    settings_dict = copy.deepcopy(django_connection.settings_dict)
+    options = settings_dict.setdefault("OPTIONS", {})
+    options.setdefault("prepare_threshold", PSYCOPG_PREPARE_THRESHOLD)
+    options.pop("pool", None)
+    wrapper = type(django_connection)(settings_dict, DEFAULT_DB_ALIAS)
+    _local.kept = (os.getpid(), wrapper)
+    return wrapper
+
+
+def close():
+    """Close this thread's own connection, if it has one (tests; a worker process just exits)."""
+    kept = getattr(_local, "kept", None)
+    _local.kept = None
+    if kept is not None and kept[0] == os.getpid():
+        kept[1].close()
