@@ -33,7 +33,7 @@ def parse(text: str) -> dict[str, str]:
     return queries
 
 
-QUERY_FILES = ("queries.sql", "partitions.sql", "dispatcher.sql")
+QUERY_FILES = ("queries.sql", "partitions.sql", "dispatcher.sql", "stats.sql")
 
 
 def _load():

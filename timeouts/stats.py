@@ -10,6 +10,8 @@ The table may hold tens of millions of rows, so nothing here counts a large set 
   when it is large, and counts exactly the small, indexed groups (DISPATCHED, RUNNING, DEAD).
 - The rest reads an index from one end (oldest overdue) or the rows of a short time window
   (recent lateness), pruned to the partitions it needs.
+
+The queries are in sql/stats.sql; the admin's counts are its filters' querysets.
 """
 
 import json
@@ -21,16 +23,16 @@ from django.core.exceptions import EmptyResultSet
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from . import partitions
-
-PENDING, DISPATCHED, DONE, CANCELLED, RUNNING, DEAD = range(6)
-STATUS_NAMES = {PENDING: "pending", DISPATCHED: "dispatched", DONE: "done", CANCELLED: "cancelled",
-                RUNNING: "running", DEAD: "dead"}
+from .queries import QUERIES, fetch_dicts, fetch_one
+from .states import Status
 
 EXACT_LIMIT = 1000  # admin: counts up to this are exact
 MAX_COST = 20_000.0  # planner cost units a "cheap" exact count may take (a few ms of work)
 EXACT_TABLE_ROWS = 1_000_000  # status_counts(): below this many rows, count exactly
 SAMPLE_ROWS = 200_000  # status_counts(): rows to sample above it
 SMALL_GROUP_LIMIT = 100_000  # status_counts(): indexed groups counted exactly up to this
+# status_counts(): the groups an index serves, few enough to count exactly even in a large table.
+INDEXED_STATUSES = (Status.DISPATCHED, Status.RUNNING, Status.DEAD)
 
 
 @dataclass(frozen=True)
@@ -82,102 +84,79 @@ def count(queryset, *, exact_limit=EXACT_LIMIT, max_cost=MAX_COST) -> Count:
 
 # --- Raw counts for the command and the metrics --------------------------------------------------
 
-def _scalar(sql, params=None, using=DEFAULT_DB_ALIAS):
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql, params or [])
-        return cursor.fetchone()[0]
+def estimated_rows(name, params=None, using=DEFAULT_DB_ALIAS) -> int:
+    """The planner's estimate of the rows named query `name` reads: under its LIMIT if it has one
+    (a bounded count), else what it returns. Nothing is run."""
+    node = plan(QUERIES[name], params or {}, using)
+    while node.get("Node Type") != "Limit" and node.get("Plans"):
+        node = node["Plans"][0]
+    if node.get("Node Type") == "Limit":
+        node = node["Plans"][0]
+    return round(node["Plan Rows"])
 
 
-def bounded_sql_count(from_where, params=None, *, limit, using=DEFAULT_DB_ALIAS) -> Count:
-    """Count `SELECT 1 <from_where>` exactly up to `limit` rows, else the planner's estimate.
-    For queries that an index serves (the caller knows): no cost guard."""
-    counted = _scalar(f"SELECT count(*) FROM (SELECT 1 {from_where} LIMIT {int(limit) + 1}) AS bounded", params, using)
+def bounded_count(name, *, limit, using=DEFAULT_DB_ALIAS) -> Count:
+    """Run named query `name`, a count of at most its `limit` parameter's rows: exact up to `limit`
+    rows, else the planner's estimate. For queries that an index serves (the caller knows): no cost
+    guard."""
+    params = {"limit": int(limit) + 1}
+    counted = fetch_one(name, params, using=connections[using])["n"]
     if counted <= limit:
         return Count(counted, True)
-    return Count(max(counted, round(plan(f"SELECT 1 {from_where}", params or [], using)["Plan Rows"])), False)
-
-
-OVERDUE = "FROM timeouts_task WHERE status = 0 AND run_at <= now() AND action_time <= now()"
+    return Count(max(counted, estimated_rows(name, params, using)), False)
 
 
 def pending(*, limit=100_000, using=DEFAULT_DB_ALIAS) -> Count:
-    return bounded_sql_count("FROM timeouts_task WHERE status = 0", limit=limit, using=using)
+    return bounded_count("count_pending", limit=limit, using=using)
 
 
 def overdue(*, limit=100_000, using=DEFAULT_DB_ALIAS) -> Count:
-    return bounded_sql_count(OVERDUE, limit=limit, using=using)
+    return bounded_count("count_overdue", limit=limit, using=using)
 
 
 def default_rows(*, limit=100_000, using=DEFAULT_DB_ALIAS) -> Count:
-    return bounded_sql_count("FROM timeouts_task_default", limit=limit, using=using)
+    return bounded_count("count_default_rows", limit=limit, using=using)
 
 
 def oldest_overdue(using=DEFAULT_DB_ALIAS) -> dict | None:
     """The PENDING task that has been due longest (by run_at), with `age` (a timedelta), or None."""
-    sql = ("SELECT job_id, biz_type, biz_id, action_time, run_at, attempts, now() - run_at AS age "
-           f"{OVERDUE} ORDER BY run_at LIMIT 1")
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql)
-        row = cursor.fetchone()
-        if row is None:
-            return None
-        return dict(zip([column.name for column in cursor.description], row))
+    return fetch_one("oldest_overdue", using=connections[using])
 
 
 def status_counts(*, exact=False, using=DEFAULT_DB_ALIAS):
     """({(status, biz_type): Count}, how): exact GROUP BY for small tables or with `exact`, else a
     TABLESAMPLE scaled up, with the small indexed groups (DISPATCHED, RUNNING, DEAD) counted."""
-    total = round(plan("SELECT 1 FROM timeouts_task", [], using)["Plan Rows"])
-    group = "SELECT status, biz_type, count(*) FROM timeouts_task {sample} GROUP BY 1, 2"
-    with connections[using].cursor() as cursor:
-        if exact or total <= EXACT_TABLE_ROWS:
-            cursor.execute(group.format(sample=""))
-            return {(s, b): Count(n, True) for s, b, n in cursor.fetchall()}, "exact"
-        percent = min(100.0, 100.0 * SAMPLE_ROWS / total)
-        cursor.execute(group.format(sample="TABLESAMPLE SYSTEM (%s)"), [percent])
-        counts = {(s, b): Count(round(n * 100.0 / percent), False) for s, b, n in cursor.fetchall()}
-        for status in (DISPATCHED, RUNNING, DEAD):
-            cursor.execute(
-                "SELECT biz_type, count(*) FROM (SELECT biz_type FROM timeouts_task WHERE status = %s LIMIT %s) AS s "
-                "GROUP BY 1", [status, SMALL_GROUP_LIMIT + 1])
-            rows = cursor.fetchall()
-            if sum(n for _, n in rows) <= SMALL_GROUP_LIMIT:
-                counts = {key: value for key, value in counts.items() if key[0] != status}
-                counts.update({(status, b): Count(n, True) for b, n in rows})
+    connection = connections[using]
+    total = estimated_rows("table_rows", using=using)
+    if exact or total <= EXACT_TABLE_ROWS:
+        rows = fetch_dicts("status_counts", using=connection)
+        return {(r["status"], r["biz_type"]): Count(r["n"], True) for r in rows}, "exact"
+    percent = min(100.0, 100.0 * SAMPLE_ROWS / total)
+    rows = fetch_dicts("sampled_status_counts", {"percent": percent}, using=connection)
+    counts = {(r["status"], r["biz_type"]): Count(round(r["n"] * 100.0 / percent), False) for r in rows}
+    for status in INDEXED_STATUSES:
+        rows = fetch_dicts("status_counts_of_one", {"status": status.value, "limit": SMALL_GROUP_LIMIT + 1},
+                           using=connection)
+        if sum(r["n"] for r in rows) <= SMALL_GROUP_LIMIT:
+            counts = {key: value for key, value in counts.items() if key[0] != status}
+            counts.update({(status.value, r["biz_type"]): Count(r["n"], True) for r in rows})
     return counts, f"estimated from a {percent:.3g}% sample of ~{total:,} rows"
 
 
 def lateness(minutes=15, using=DEFAULT_DB_ALIAS) -> dict:
     """Tasks due in the last `minutes`: how many, how many still wait, and the lateness
     (started_at - action_time, seconds) percentiles of those whose first attempt started."""
-    sql = """
-        SELECT count(*) AS due,
-               count(*) FILTER (WHERE status IN (0, 1) AND attempts = 0) AS waiting,
-               count(*) FILTER (WHERE attempts = 1 AND started_at IS NOT NULL) AS started,
-               percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY late)
-                   FILTER (WHERE attempts = 1 AND started_at IS NOT NULL) AS percentiles,
-               max(late) FILTER (WHERE attempts = 1 AND started_at IS NOT NULL) AS worst
-        FROM (SELECT status, attempts, started_at, extract(epoch FROM started_at - action_time)::float8 AS late
-              FROM timeouts_task
-              WHERE action_time > now() - %s AND action_time <= now() AND status <> 3) AS recent
-    """
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql, [timedelta(minutes=minutes)])
-        due, waiting, started, percentiles, worst = cursor.fetchone()
-    p50, p90, p99 = percentiles or (None, None, None)
-    return {"minutes": minutes, "due": due, "waiting": waiting, "started": started,
-            "p50": p50, "p90": p90, "p99": p99, "max": worst}
+    row = fetch_one("lateness", {"window": timedelta(minutes=minutes)}, using=connections[using])
+    p50, p90, p99 = row["percentiles"] or (None, None, None)
+    return {"minutes": minutes, "due": row["due"], "waiting": row["waiting"], "started": row["started"],
+            "p50": p50, "p90": p90, "p99": p99, "max": row["worst"]}
 
 
 def partition_sizes(using=DEFAULT_DB_ALIAS) -> list[dict]:
     """Every partition with its bounds, estimated rows and size on disk (table + indexes + TOAST)."""
     connection = connections[using]
     found = partitions.list_partitions(connection)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_inherits AS i "
-            "JOIN pg_class AS c ON c.oid = i.inhrelid WHERE i.inhparent = 'timeouts_task'::regclass")
-        sizes = dict(cursor.fetchall())
+    sizes = {row["name"]: row["bytes"] for row in fetch_dicts("partition_sizes", using=connection)}
     return [{**p.as_dict(), "bytes": sizes.get(p.name)} for p in found]
 
 
@@ -218,11 +197,11 @@ def report(*, exact=False, minutes=15, using=DEFAULT_DB_ALIAS) -> dict:
     counts, how = status_counts(exact=exact, using=using)
     oldest = oldest_overdue(using)
     limit = None if exact else 100_000
-    default = (Count(_scalar("SELECT count(*) FROM timeouts_task_default", using=using), True) if limit is None
+    default = (Count(fetch_one("default_row_count", using=connections[using])["rows"], True) if limit is None
                else default_rows(limit=limit, using=using))
     return {
         "counts": {"how": how, "rows": [
-            {"status": STATUS_NAMES[status], "biz_type": biz_type, "count": c.value, "exact": c.exact}
+            {"status": Status(status).label, "biz_type": biz_type, "count": c.value, "exact": c.exact}
             for (status, biz_type), c in sorted(counts.items())]},
         "oldest_overdue": oldest and {**oldest, "age_seconds": oldest["age"].total_seconds(),
                                       "age": str(oldest["age"])},

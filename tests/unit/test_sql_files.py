@@ -78,3 +78,30 @@ def test_migration_sql_that_ran_never_changes(name):
     text = read_sql_file(name)
     assert hashlib.sha256(text.encode()).hexdigest() == MIGRATED[name], (
         f"{name} already ran on existing databases: put a change in a new migration")
+
+
+def _package_sources(exclude=()):
+    package = SQL_DIR.parent
+    return {path: path.read_text() for path in package.rglob("*.py") if path.name not in exclude}
+
+
+def test_every_named_query_is_used():
+    from timeouts import queries
+
+    sources = _package_sources(exclude={"queries.py"})
+    unused = [name for name in queries.QUERIES
+              if not any(re.search(rf"[\"']{name}[\"']", text) for text in sources.values())]
+    assert not unused, f"named queries no code runs: {unused}"
+    # The sets of queries.py's rules name real queries.
+    assert queries.PREPARED <= set(queries.QUERIES) and queries.ON_PARTITION <= set(queries.QUERIES)
+
+
+def test_every_sql_file_is_read_once():
+    from timeouts import queries
+
+    migrations = {path.name: text for path, text in _package_sources().items() if path.parent.name == "migrations"}
+    for path in SQL_FILES:
+        if path.name in queries.QUERY_FILES:
+            continue
+        users = [name for name, text in migrations.items() if re.search(rf"[\"']{re.escape(path.name)}[\"']", text)]
+        assert len(users) == 1, f"{path.name} is used by {users or 'no migration'}: each by exactly one"
