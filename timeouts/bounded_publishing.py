@@ -10,6 +10,8 @@ dispatcher waits for it at most `timeout` seconds. The scan, run by Celery beat,
 import logging
 import threading
 
+from celery import current_app
+
 from django.db import connection
 
 from .claiming import release
@@ -70,11 +72,9 @@ def publish_within(claims, timeout) -> int:
 def warm_up_broker():
     """Open a broker connection in the background, so the first due task does not wait for it
     (~0.1 s). Failing is fine: publishing connects (and reports errors) by itself."""
-    from .tasks import run  # the Celery task; imported late so Django settings load first
-
     def connect():
         try:
-            with run.app.producer_or_acquire() as producer:
+            with current_app.producer_or_acquire() as producer:
                 producer.connection.ensure_connection(max_retries=1)
         except Exception as exc:
             logger.warning("timeouts.dispatcher: cannot reach the broker yet (%r)", exc)

@@ -12,6 +12,7 @@ import logging
 from contextlib import nullcontext
 from datetime import timedelta
 
+from celery import current_app
 from kombu.utils.uuid import uuid
 
 from . import faults
@@ -21,6 +22,10 @@ from .conf import get_settings
 from .registry import find_handler
 
 logger = logging.getLogger(__name__)
+
+# The Celery tasks that run claims, addressed by name: the worker side (tasks.py) defines them.
+RUN = "timeouts.run"
+RUN_BATCH = "timeouts.run_batch"
 
 # Bounded: a scan must not hang on a broker that is down; unpublished claims are released instead.
 RETRY_POLICY = {"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5}
@@ -50,37 +55,36 @@ def publish(claims) -> int:
     worked out once per queue instead of once per message, and, on Redis with kombu 5.7+, sent in
     pipelined batches (one round trip for up to PIPELINE_SIZE messages).
     """
-    from .tasks import run, run_batch  # the Celery tasks; imported late so Django settings load first
-
-    if run.app.conf.task_always_eager:
-        # A host's tests often run Celery eagerly: only apply_async honours that.
+    app = current_app
+    if app.conf.task_always_eager:
+        # A host's tests often run Celery eagerly: only a task's apply_async honours that.
         for claim in claims:
-            run.apply_async(args=claim.message_args())
+            app.tasks[RUN].apply_async(args=claim.message_args())
         return len(claims)
-    amqp = run.app.amqp
+    amqp = app.amqp
     routes = {}
     messages = list(_batches(claims, get_settings().RUN_BATCH_SIZE))
     sent = 0
     try:
-        with run.app.producer_or_acquire() as producer, _pipelined(producer):
+        with app.producer_or_acquire() as producer, _pipelined(producer):
             for (queue, ttr), batch in messages:
                 if queue not in routes:
                     # Routed as `timeouts.run` whatever the message, so a host's task_routes for it
                     # apply to batches too.
-                    routes[queue] = amqp.router.route({"queue": queue} if queue else {}, run.name)
+                    routes[queue] = amqp.router.route({"queue": queue} if queue else {}, RUN)
                 # Celery kills a handler that outlives its lease, so it cannot run on beside the
                 # re-dispatched attempt that lease recovery will start. A batch starts its tasks
                 # within BUDGET seconds, and each start adds what is left of it to the lease.
                 eta = batch[0].eta
                 if len(batch) == 1 and eta is None:
-                    name, args, time_limit = run.name, batch[0].message_args(), ttr
+                    name, args, time_limit = RUN, batch[0].message_args(), ttr
                 else:  # a claim ahead goes as a batch (of one, if alone): its items carry their run_at
-                    name, args, time_limit = run_batch.name, [[c.batch_item() for c in batch]], ttr + BUDGET
+                    name, args, time_limit = RUN_BATCH, [[c.batch_item() for c in batch]], ttr + BUDGET
                     if eta is not None:
                         eta -= ETA_HEADROOM
                 message = amqp.create_task_message(uuid(), name, args, {}, eta=eta, time_limit=time_limit,
                                                    argsrepr=_args_repr(args, amqp.argsrepr_maxsize), kwargsrepr="{}")
-                amqp.send_task_message(producer, name, message, retry=True, retry_policy=RETRY_POLICY,
+                amqp.send_task_message(producer, name, message, retry=True, retry_policy=RETRY_POLICY, serializer="json",
                                        **routes[queue])
         # Leaving the pipeline flushed it: every message is in the broker now.
         for _ in claims:
