@@ -81,17 +81,13 @@ TIMEOUTS = {
     "MAX_DISPATCHED": int(os.environ.get("TIMEOUTS_MAX_DISPATCHED", "1000")),
 }
 
-# Celery: JSON only, acknowledged after the handler ran, one message prefetched per process (a
-# timeouts message is already due: holding more back only delays other workers).
+# Celery: timeouts.celery.setup(app) in project/celery.py applies what timeouts relies on (JSON, one
+# message prefetched per process, the beat entries); these are the project's own choices.
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/0")
-CELERY_TASK_SERIALIZER = "json"
-CELERY_RESULT_SERIALIZER = "json"
-CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_IGNORE_RESULT = True
-CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# Without it Celery closes the database connection around every task, and each timeouts.run opens a
-# new one (timeouts.W004). CONN_MAX_AGE and CONN_HEALTH_CHECKS above then decide when to replace it.
+# Handlers that use the ORM keep their connection across tasks (timeouts.W004); CONN_MAX_AGE and
+# CONN_HEALTH_CHECKS above then decide when to replace it. Timeouts' own statements do not need it.
 CELERY_DB_REUSE_MAX = 1000
 
 

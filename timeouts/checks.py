@@ -11,7 +11,8 @@ mistakes that would otherwise show up later as tasks that never run.
 | timeouts.W001 | warning | no Celery app is loaded with Django |
 | timeouts.W002 | warning | the Celery app's beat_schedule lacks timeouts.scan or timeouts.maintain |
 | timeouts.W003 | warning | a handler's queue is not among the Celery app's task_queues |
-| timeouts.W004 | warning | a new database connection per Celery task (CELERY_DB_REUSE_MAX unset, CONN_MAX_AGE 0) |
+| timeouts.W004 | warning | handlers' ORM queries open a new connection per Celery task (no CELERY_DB_REUSE_MAX, or CONN_MAX_AGE 0) |
+| timeouts.W005 | warning | the Celery app is not wired by timeouts.celery.setup(), or a setting it applies was overridden |
 """
 
 from datetime import timedelta
@@ -22,9 +23,9 @@ from django.core.checks import Error, Warning, register
 from django.db import connections, router
 
 from . import conf, registry
+from .celery import BEAT_QUEUE, BEAT_TASKS, is_amqp, is_set_up
 
 PARTITION_SECONDS = {"hour": 3600, "day": 86400, "week": 7 * 86400, "month": 28 * 86400}  # month: its shortest
-BEAT_TASKS = ("timeouts.scan", "timeouts.maintain")
 
 
 @register()
@@ -66,7 +67,7 @@ def check_settings(app_configs=None, **kwargs):
                 for key in sorted(set(given) - conf.KEYS)]
     values = SimpleNamespace(**{**{key: getattr(conf.Settings, key) for key in conf.KEYS},
                                 **{key: value for key, value in given.items() if key in conf.KEYS}})
-    problems += [Error(f"TIMEOUTS setting: {message}.", hint="See the Settings section of the README.",
+    problems += [Error(f"TIMEOUTS setting: {message}.", hint="See the settings reference in the docs (reference/settings).",
                        id="timeouts.E003")
                  for message in conf._problems(values)]
     partition = PARTITION_SECONDS.get(values.PARTITION_INTERVAL)
@@ -103,7 +104,7 @@ def check_celery(app_configs=None, **kwargs):
             id="timeouts.W001")]
     try:
         app.finalize(auto=True)  # runs on_after_finalize, where hosts add the beat entries
-        return _check_beat(app) + _check_queues(app) + _check_connection_reuse(app)
+        return _check_setup(app) + _check_beat(app) + _check_queues(app) + _check_connection_reuse(app)
     except Exception as exc:  # noqa: BLE001  as above
         return [Warning(f"timeouts could not read the Celery app's configuration: {exc!r}", id="timeouts.W001")]
 
@@ -117,8 +118,8 @@ def _check_beat(app):
     return [Warning(
         f"The Celery app {app.main!r} has no beat entry for {' and '.join(missing)}: without the scan, tasks "
         "only run while a dispatcher runs, and without maintenance no new partition is created.",
-        hint="Merge timeouts.celery.beat_schedule() into app.conf.beat_schedule (see README, \"Installing into "
-             "your project\"). If your beat entries live in a database scheduler, create them there and add "
+        hint="Call timeouts.celery.setup(app), or merge timeouts.celery.beat_schedule() into "
+             "app.conf.beat_schedule. If your beat entries live in a database scheduler, create them there and add "
              "'timeouts.W002' to SILENCED_SYSTEM_CHECKS.",
         id="timeouts.W002")]
 
@@ -130,13 +131,11 @@ def _queue_names(queues):
 
 
 def _check_queues(app):
-    declared = app.conf.task_queues
-    create_missing = app.conf.task_create_missing_queues
-    if not declared:
-        if create_missing:
-            return []  # queues are created when first used
-        declared = [app.conf.task_default_queue]
-    names = _queue_names(declared)
+    declared, create_missing = app.conf.task_queues, app.conf.task_create_missing_queues
+    names = _queue_names(declared or [app.conf.task_default_queue])
+    # setup() declares the default queue and the beat tasks' own when the host declares none.
+    if create_missing and (not declared or names == {app.conf.task_default_queue, BEAT_QUEUE}):
+        return []  # no queue of the host's own: they are created when first used
     problems = []
     for handler in sorted(registry.registered().values(), key=lambda h: h.biz_type):
         queue = handler.queue
@@ -161,25 +160,45 @@ def _check_queues(app):
 
 def _check_connection_reuse(app):
     """Celery's Django fixup closes every database connection before and after each task unless
-    CELERY_DB_REUSE_MAX is set (since Celery 5.6 whatever CONN_MAX_AGE says), and timeouts.run then
-    pays for a new PostgreSQL connection per task: measured, that halves a worker's start rate.
-    With reuse on, timeouts' own tasks close old connections the way Django does around a request,
-    so CONN_MAX_AGE (and CONN_HEALTH_CHECKS) decide instead."""
+    CELERY_DB_REUSE_MAX is set (since Celery 5.6 whatever CONN_MAX_AGE says). Timeouts' own
+    statements do not care (a worker runs them on a connection of its own: own_connection.py), but a
+    handler's ORM queries then open a new PostgreSQL connection for every task."""
     from .models import TimeoutTask
 
-    problems = []
-    if not app.conf.get("CELERY_DB_REUSE_MAX"):  # the very lookup the fixup makes
+    causes = [] if app.conf.get("CELERY_DB_REUSE_MAX") else ["CELERY_DB_REUSE_MAX is unset"]  # the fixup's lookup
+    causes += [f"CONN_MAX_AGE is 0 for the database {alias!r}" for alias in connections
+               if router.allow_migrate_model(alias, TimeoutTask) and not connections.settings[alias].get("CONN_MAX_AGE")]
+    if not causes:
+        return []
+    return [Warning(
+        f"{' and '.join(causes)}: Celery closes Django's database connections around every task, so a handler "
+        "that uses the ORM opens a new PostgreSQL connection per task (several milliseconds). timeouts' own "
+        "statements are not affected.",
+        hint="If your handlers query the database, set CELERY_DB_REUSE_MAX (e.g. 1000) and CONN_MAX_AGE > 0 with "
+             "CONN_HEALTH_CHECKS = True; otherwise add 'timeouts.W004' to SILENCED_SYSTEM_CHECKS.",
+        id="timeouts.W004")]
+
+
+def _check_setup(app):
+    """What timeouts.celery.setup() applies, and a host's settings may have overridden."""
+    if not is_set_up(app):
+        return [Warning(
+            f"The Celery app {app.main!r} was not wired with timeouts.celery.setup(app).",
+            hint="Call timeouts.celery.setup(app) in your celery.py, after config_from_object(). If you wire "
+                 "Celery yourself on purpose, add 'timeouts.W005' to SILENCED_SYSTEM_CHECKS.",
+            id="timeouts.W005")]
+    conf, problems = app.conf, []
+    if "json" not in conf.accept_content:
         problems.append(Warning(
-            "Celery closes the database connection around every task, so each timeouts.run opens a new "
-            "PostgreSQL connection (several milliseconds, more than the task itself).",
-            hint="Set CELERY_DB_REUSE_MAX (e.g. 1000) in your Django settings, with CONN_MAX_AGE > 0 and "
-                 "CONN_HEALTH_CHECKS = True for the database. See README, \"Installing into your project\".",
-            id="timeouts.W004"))
-    for alias in connections:
-        if router.allow_migrate_model(alias, TimeoutTask) and not connections.settings[alias].get("CONN_MAX_AGE"):
-            problems.append(Warning(
-                f"CONN_MAX_AGE is 0 for the database {alias!r}, so each timeouts.run opens a new PostgreSQL "
-                "connection in the Celery worker.",
-                hint="Set CONN_MAX_AGE (e.g. 600, or None) with CONN_HEALTH_CHECKS = True, and CELERY_DB_REUSE_MAX.",
-                id="timeouts.W004"))
+            f"The Celery app's accept_content ({list(conf.accept_content)}) refuses JSON: workers will reject "
+            "timeouts' messages.", hint="Add 'json' to accept_content.", id="timeouts.W005"))
+    if conf.worker_prefetch_multiplier != 1:
+        problems.append(Warning(
+            f"worker_prefetch_multiplier is {conf.worker_prefetch_multiplier}: a worker process reserves that many "
+            "messages, so a due task can wait behind a busy process's handler while another process is idle.",
+            hint="Set worker_prefetch_multiplier = 1 for the workers that run timeouts' queues.", id="timeouts.W005"))
+    if is_amqp(conf.broker_url) and not (conf.broker_transport_options or {}).get("confirm_publish"):
+        problems.append(Warning(
+            "Publisher confirms are off on RabbitMQ: a message the broker never took can be lost without an error.",
+            hint="Set broker_transport_options = {'confirm_publish': True}.", id="timeouts.W005"))
     return problems

@@ -57,4 +57,7 @@ task.refresh_from_db()
 assert task.status == Status.DONE and task.lateness >= timedelta(0)
 maintain.apply()
 assert set(timeouts.celery.beat_schedule()) == {"timeouts.scan", "timeouts.maintain"}
+from hostsite.celery import app  # noqa: E402
+
+assert {"timeouts.scan", "timeouts.maintain"} <= set(app.conf.beat_schedule)  # merged by setup(app)
 print("CONTRACT OK")
