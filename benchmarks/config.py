@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-SCENARIOS = ("spread", "burst", "drain", "publish", "schedule", "idle")
+SCENARIOS = ("spread", "burst", "drain", "publish", "schedule", "idle", "defaults")
 PATHS = ("scan", "dispatcher", "celery")  # celery = the same no-op body published directly
 PATH_LABELS = {"scan": "scan only", "dispatcher": "dispatcher", "celery": "celery direct"}
 PEER_SYSTEMS = ("naive_ln", "naive_poll", "procrastinate", "celery", "django_tasks")
@@ -14,6 +14,7 @@ SCENARIO_PATHS = {
     "publish": PATHS,  # drain without a worker: the claimer's own capacity
     "schedule": (),
     "idle": ("scan", "dispatcher"),
+    "defaults": (),  # the dispatcher, under two settings modules: its variants are its paths
 }
 
 

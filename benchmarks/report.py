@@ -11,6 +11,10 @@ TIMED_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates"
                  "sched_per_s", "sched_overrun", "claim_per_s", "start_per_s", "drain_total_s", "cpu_steal_pct")
 IDLE_METRICS = ("idle_qps", "idle_round_trips_per_s", "idle_xacts_per_s", "idle_cpu_pct", "rss_mb")
 SCHEDULE_METRICS = ("sched_per_s", "notifications", "cpu_steal_pct")
+DEFAULTS_METRICS = ("p50_ms", "p99_ms", "burst_last_ms", "spread_counted", "missing", "duplicates", "early",
+                    "cpu_steal_pct")
+DEFAULTS_LABELS = {"tuned": "tuned (CONN_MAX_AGE, CELERY_DB_REUSE_MAX, prepared)",
+                   "defaults": "Django's and Celery's defaults + setup(app)"}
 PEER_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "schedule_per_s", "drain_per_s",
                 "idle_qps", "idle_cpu_pct")
 SCHEDULE_LABELS = {"raw_insert": "raw single-row INSERT", "single": "schedule(), due in 1 h (no NOTIFY)",
@@ -27,7 +31,8 @@ def aggregate(runs) -> dict:
             groups.setdefault(r["scenario"], {}).setdefault(r["path"], []).append(r)
     out = {}
     for scenario, paths in groups.items():
-        metrics = IDLE_METRICS if scenario == "idle" else SCHEDULE_METRICS if scenario == "schedule" else TIMED_METRICS
+        metrics = {"idle": IDLE_METRICS, "schedule": SCHEDULE_METRICS, "defaults": DEFAULTS_METRICS}.get(
+            scenario, TIMED_METRICS)
         for path, rs in paths.items():
             cells = {m: summarize([r.get(m) for r in rs]) for m in metrics}
             out.setdefault(scenario, {})[path] = {m: s for m, s in cells.items() if s is not None}
@@ -79,6 +84,13 @@ def sections(result) -> list[tuple[str, list, list]]:
         out.append(("Schedule throughput (tasks/s)", ["variant", "tasks/s", "NOTIFYs seen", "steal %"],
                     [[SCHEDULE_LABELS.get(v, v), *[cell(s["schedule"][v], m) for m in SCHEDULE_METRICS]]
                      for v in SCHEDULE_LABELS if v in s["schedule"]]))
+    if "defaults" in s:
+        out.append(("A new host project against a tuned one: 1,000 tasks spread over the window + 300 due at once "
+                    "(ms; spread: tasks due outside the burst's first second)",
+                    ["settings", "spread p50", "spread p99", "burst last", "spread tasks", "missing", "dup", "early",
+                     "steal %"],
+                    [[DEFAULTS_LABELS[v], *[cell(s["defaults"][v], m) for m in DEFAULTS_METRICS]]
+                     for v in DEFAULTS_LABELS if v in s["defaults"]]))
     if "idle" in s:
         out.append((f"Idle cost ({cfg['n_idle']:,} tasks due in 1 h, {cfg['idle_seconds']:.0f} s window)",
                     ["path", "queries/s", "round trips/s", "xacts/s", "CPU %", "RSS MB"],

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import idle, machine, report, scenarios, targets, throughput
+from . import defaults, idle, machine, report, scenarios, targets, throughput
 from .database import BenchDatabase, BenchError
 from .peers import Peers
 from .processes import child_env, dispatcher_available, flush_broker
@@ -114,11 +114,11 @@ def run(cfg, *, settings_module, root, broker_in_use=None) -> dict:
 def _scenario(ctx, scenario, rep, notes) -> list[dict]:
     """Every path of one scenario in one repeat. A failed run is recorded and the bench goes on."""
     cfg, out = ctx.cfg, []
-    if scenario == "schedule":
-        note(f"repeat {rep + 1}/{cfg.repeat}: schedule throughput")
+    if scenario in ("schedule", "defaults"):
+        note(f"repeat {rep + 1}/{cfg.repeat}: {scenario}")
         try:
             before = machine.cpu_times()
-            variants = throughput.run(ctx, rep)
+            variants = (throughput if scenario == "schedule" else defaults).run(ctx, rep)
             steal = machine.steal_pct(before, machine.cpu_times())
             for variant, r in variants.items():
                 if variant != "ratios":

@@ -30,6 +30,10 @@ def ratios(runs, peer_runs) -> dict:
                 s = paired(runs, scenario, a, b, metric)
                 if s:
                     out.setdefault(scenario, {}).setdefault(f"{a}/{b}", {})[metric] = s
+    for metric in ("p50_ms", "p99_ms", "burst_last_ms"):
+        s = paired(runs, "defaults", "defaults", "tuned", metric)
+        if s:
+            out.setdefault("defaults", {}).setdefault("defaults/tuned", {})[metric] = s
     for scenario, metric in (("idle", "idle_qps"), ("idle", "idle_cpu_pct")):
         s = paired(runs, scenario, "scan", "dispatcher", metric)
         if s:
@@ -101,6 +105,14 @@ def targets(summary, ratio_table, scan_interval, scenarios) -> list[dict]:
          lambda v: v < 1),
         ("spread", f"spread, scan only: max lateness <= SCAN_INTERVAL + 1 s = {(scan_interval + 1) * 1000:,.0f} ms",
          _median(summary, "spread", "scan", "max_ms"), lambda v: v <= (scan_interval + 1) * 1000),
+    ]
+    rows += [
+        ("defaults", "defaults: spread p99 outside the burst <= 10 ms (median)",
+         _median(summary, "defaults", "defaults", "p99_ms"), lambda v: v <= 10),
+        ("defaults", "defaults: spread p99 / tuned spread p99 <= 1.5",
+         _ratio(ratio_table, "defaults", "defaults/tuned", "p99_ms"), lambda v: v <= 1.5),
+        ("defaults", "defaults: missing + duplicates + early = 0 (every run)",
+         _worst(summary, "defaults", "defaults", ("missing", "duplicates", "early")), lambda v: v == 0),
     ]
     for variant, raw, label in (("bulk", "raw_copy", "bulk_schedule() >= 0.5x raw COPY"),
                                 ("bulk_notify", "raw_copy", "bulk_schedule() with NOTIFY >= 0.5x raw COPY"),
