@@ -6,7 +6,7 @@
     workload   scheduling / publishing tasks   scenarios  spread, burst, drain on one path
     throughput schedule() vs raw INSERT/COPY   idle       queries/s and CPU of an idle process
     stats      lateness, missing, duplicates   report     medians, tables, JSON
-    targets    ratios and the issue's targets
+    targets    ratios and the targets
     machine    what the numbers were measured on           peers      the shared peer harness
     progress   progress display on stderr
 

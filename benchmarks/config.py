@@ -1,4 +1,4 @@
-"""The bench's options: one frozen object, with the defaults of the issue and a check of itself."""
+"""The bench's options: one frozen object, with its defaults and a check of itself."""
 
 from dataclasses import dataclass
 

@@ -1,4 +1,4 @@
-"""Ratios (scan vs dispatcher, dispatcher vs Celery direct, vs peers) and the issue's targets.
+"""Ratios (scan vs dispatcher, dispatcher vs Celery direct, vs peers) and the targets.
 
 Ratios are taken per repeat (the runs of one repeat ran side by side, on the same machine state)
 and then summarised by their median [min-max]. Targets are checked on medians, except the
@@ -82,7 +82,7 @@ def _worst(summary, scenario, path, metrics):
 
 
 def targets(summary, ratio_table, scan_interval, scenarios) -> list[dict]:
-    """The issue's targets, each with what was measured and whether it holds (None: not measured)."""
+    """The targets, each with what was measured and whether it holds (None: not measured)."""
     sched = summary.get("schedule", {})
     rows = [
         ("spread", "spread, dispatcher: lateness p50 <= 2 ms (median)",

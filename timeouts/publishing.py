@@ -35,13 +35,13 @@ PIPELINE_SIZE = 500
 # tasks due at most this much before it: a worker process waits in the batch until each task is
 # due and takes no other message meanwhile, while Celery's ETA timer (in the worker's main
 # process) hands separate messages to whichever process is free. Measured on the spread
-# benchmark: p99 lateness 17-27 ms with 10 ms, 30-59 ms with the whole lead (BENCHMARKS.md).
+# benchmark: p99 lateness 17-27 ms with 10 ms, 30-59 ms with the whole lead (docs: explanation/benchmarks).
 BATCH_WINDOW = 0.01
 # How much before its first task's run_at a message claimed ahead is due by its Celery ETA. Celery's
 # ETA timer (in the worker's main process) hands a message to a pool process 1-4 ms after its ETA;
 # the batch then sleeps until each run_at itself, to within a sleep's precision. Measured on the
 # spread benchmark, a batch's first task was ready to start 2.0 ms late at the median with the ETA
-# at its run_at, 0.1 ms with it 4 ms before (BENCHMARKS.md, eleventh session). Never early: the
+# at its run_at, 0.1 ms with it 4 ms before (docs: explanation/benchmarks). Never early: the
 # compare-and-set refuses a start before run_at by the database clock.
 ETA_HEADROOM = timedelta(milliseconds=4)
 
@@ -104,7 +104,7 @@ def publish(claims) -> int:
 def _args_repr(args, limit: int) -> str:
     """The message's arguments as Celery shows them (worker logs, events, Flower), cut at Celery's
     limit. Celery builds this with its saferepr unless given it, which took 45% of publishing's CPU
-    with batches of 20 (BENCHMARKS.md, twelfth session); our arguments are lists of numbers,
+    with batches of 20 (docs: explanation/benchmarks); our arguments are lists of numbers,
     strings and None, which plain repr() shows safely, in a tenth of the time."""
     text = repr(args)
     return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -52,7 +52,7 @@ QUERIES = _load()
 # common case): it can notify at most once anyway, so it calls pg_notify() itself, with the payload
 # timeouts_notify_v1 sends (the deadline as Unix epoch seconds), and skips the PL/pgSQL call and its
 # once-per-transaction bookkeeping: measured statement by statement, 31 us less for a task that
-# notifies (BENCHMARKS.md). pg_notify() returns void, which IS NOT NULL: `notified` reads true when
+# notifies (docs: explanation/benchmarks). pg_notify() returns void, which IS NOT NULL: `notified` reads true when
 # it notified, as from insert_task. Derived rather than written out twice, so the two cannot drift.
 NOTIFY_ONCE_PER_TRANSACTION = (
     "THEN timeouts_notify_v1(%(channel)s, run_at, created_at + %(horizon)s * interval '1 second')")
@@ -64,10 +64,11 @@ QUERIES["insert_task_autocommit"] = QUERIES["insert_task"].replace(NOTIFY_ONCE_P
 # The queries every task runs: schedule()'s INSERT, the claim, the worker's compare-and-set and its
 # outcome. They bind parameters on the server, so psycopg can prepare them: PostgreSQL then skips
 # parsing them, and for the INSERT and the claim planning too (measured side by side: the claim at
-# half the cost, schedule() a quarter less; BENCHMARKS.md). Django turns preparing off unless the
+# half the cost, schedule() a quarter less; docs: explanation/benchmarks). Django turns preparing off unless the
 # host sets DATABASES OPTIONS "prepare_threshold" (not behind a pooler that cannot keep prepared
-# statements); its own cursors bind on the client and never prepare, so nothing else of the host's
-# changes. A migration that adds a column is harmless: psycopg prepares again (test_prepared.py).
+# statements); the connection of a worker or dispatcher of its own prepares unless OPTIONS say None
+# (own_connection.py). Django's own cursors bind on the client and never prepare, so nothing else
+# of the host's changes. A migration that adds a column is harmless: psycopg prepares again (test_prepared.py).
 PREPARED = frozenset({"insert_task", "insert_task_autocommit", "claim_due", "start_task", "finish_task",
                       "finish_then_start_task", "fail_task"})
 
@@ -90,7 +91,7 @@ def execute(name, params=None, *, using=None, partition=None):
 # returns it, the message carries it). Through the partitioned parent, PostgreSQL plans such an
 # UPDATE on every call, even prepared (a generic plan could not prune partitions before running);
 # on the partition itself the prepared plan is reused: measured side by side, the start 0.79 ->
-# 0.60 ms and the DONE 0.49 -> 0.33 ms (BENCHMARKS.md). on_partition() makes two changes:
+# 0.60 ms and the DONE 0.49 -> 0.33 ms (docs: explanation/benchmarks). on_partition() makes two changes:
 # - PARENT_UPDATE: the table updated;
 # - PARENT_KEY: the lookup. A partition's statistics can be older than a burst scheduled into it,
 #   and describe its tasks as due one by one, none of them claimed or running. PostgreSQL then
@@ -140,8 +141,8 @@ class _KeptCursor(psycopg.Cursor):
         # text and then sets Django's time zone. psycopg's own (compiled) loader gives the same
         # datetimes whenever the session's time zone is Django's, which Django sets when it connects.
         # The worker's start returns seven timestamps: measured side by side in one process, a
-        # batch's task took 608 against 725 us of CPU, schedule() 299 against 334 us (BENCHMARKS.md,
-        # tenth session). A cursor made on a connection in another zone (a host's SET TIME ZONE,
+        # batch's task took 608 against 725 us of CPU, schedule() 299 against 334 us (docs:
+        # explanation/benchmarks). A cursor made on a connection in another zone (a host's SET TIME ZONE,
         # USE_TZ off) keeps Django's loader, so its rows read as the ORM's do; one made before such
         # a SET goes on reading the same instants, in the session's new zone.
         if timezone is not None and connection.info.timezone == timezone:

@@ -1,4 +1,5 @@
-"""The Celery tasks of timeouts. Names are part of the public contract."""
+"""The Celery tasks of timeouts. Their names are public: hosts route, monitor and
+schedule them by name."""
 
 from contextlib import contextmanager, nullcontext
 

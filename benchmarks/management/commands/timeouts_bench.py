@@ -41,7 +41,7 @@ class Command(BaseCommand):
         add("--keep-db", action="store_true", help="keep the bench database afterwards")
         add("--broker-url", default=d.broker_url, help="the bench's own Redis database (it is FLUSHed)")
         add("--json", dest="json_path", default="", help="where to write the JSON (default var/bench/...)")
-        add("--markdown", default="", help="also write the results as markdown tables (for BENCHMARKS.md)")
+        add("--markdown", default="", help="also write the results as markdown tables (for the docs' benchmark page)")
         add("--dispatcher-arg", action="append", default=[], dest="dispatcher_args",
             help="an argument for `timeouts_dispatcher` (repeatable)")
         add("--peers", type=_names, default=(), help=f"also run the peer harness: comma-separated, of {','.join(PEER_SYSTEMS)}")
