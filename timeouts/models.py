@@ -99,18 +99,18 @@ class TimeoutTask(models.Model):
     # Rows come back from named SQL queries (RETURNING *), not from the ORM's compiler, so the field
     # converters (JSON) are applied here.
     @classmethod
-    def from_row(cls, row: dict, using="default"):
+    def _from_row(cls, row: dict, using="default"):
         task = cls()
         task._state.adding = False
         task._state.db = using
-        task.apply_row(row)
+        task._apply_row(row)
         return task
 
     @classmethod
-    def inserted(cls, using, *, job_id, biz_type, biz_id, action_time, attribute, max_attempts, ttr, created_at):
+    def _inserted(cls, using, *, job_id, biz_type, biz_id, action_time, attribute, max_attempts, ttr, created_at):
         """The task schedule() has just inserted (`attribute` as the database returned it): every other
         column has its value for a new task. Built as the ORM builds a fetched row, every column in
-        field order, which costs half of from_row() on schedule()'s hot path (test_api checks it
+        field order, which costs half of _from_row() on schedule()'s hot path (test_api checks it
         against a fetch)."""
         attribute = cls._meta.get_field("attribute").from_db_value(attribute, None, connection)
         return cls.from_db(using, None, (
@@ -118,7 +118,7 @@ class TimeoutTask(models.Model):
             ttr, "", None, created_at, created_at, None, None, None,
         ))
 
-    def apply_row(self, row: dict):
+    def _apply_row(self, row: dict):
         for field in self._meta.concrete_fields:
             if field.column in row:
                 value = row[field.column]

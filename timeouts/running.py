@@ -117,7 +117,7 @@ def _finish_then_start(previous: Done, key: dict, attempt: int, lease_extra: flo
         raise
     finished = row["finished"] or record_outcome("finish_task", previous.params) is not None
     faults.fault("run.after_done")
-    task = TimeoutTask.from_row(row) if row["job_id"] is not None else start(key, attempt, lease_extra, partition)
+    task = TimeoutTask._from_row(row) if row["job_id"] is not None else start(key, attempt, lease_extra, partition)
     return task, _finished(previous, finished)
 
 
@@ -172,7 +172,7 @@ def start(key: dict, attempt: int, lease_extra: float = 0.0, partition: str | No
     for _ in range(10):
         row = _compare_and_set(params, partition)
         if row is not None:
-            return TimeoutTask.from_row(row)
+            return TimeoutTask._from_row(row)
         state = fetch_one("task_state", key)
         if state is None or state["status"] != TimeoutTask.Status.DISPATCHED or state["attempts"] != attempt - 1:
             return None

@@ -91,7 +91,7 @@ def _schedule_keyed(model, new: NewTask, using):
                 f"(job_id {first['job_id']}, due {first['action_time'].isoformat()})"
             )
         if new.on_conflict == "keep":
-            return model.from_row(waiting[0], using), False
+            return model._from_row(waiting[0], using), False
         replaced = execute("cancel_by_key", {**key, "statuses": list(WAITING)}, using=connection)
         events.cancelled_rows(new.biz_type, replaced, using)
     return events.scheduled(_insert(model, new, connection), using), True
@@ -103,7 +103,7 @@ def _insert(model, new: NewTask, connection):
     function (insert_task_autocommit)."""
     query = "insert_task_autocommit" if connection.get_autocommit() else "insert_task"
     job_id, action_time, attribute, created_at, _notified = fetch_values(query, new.params(), using=connection)
-    return model.inserted(
+    return model._inserted(
         connection.alias, job_id=job_id, biz_type=new.biz_type, biz_id=new.biz_id, action_time=action_time,
         attribute=attribute, max_attempts=new.max_attempts, ttr=new.ttr, created_at=created_at,
     )

@@ -26,12 +26,12 @@ def _change(task, query, allowed_from, extra=None) -> bool:
         params = {"job_id": task.job_id, "action_time": task.action_time, **(extra or {})}
         row = retry_on_conflict(lambda: fetch_one(query, params, using=connection), using=using)
         if row is not None:
-            task.apply_row(row)
+            task._apply_row(row)
             return True
         current = fetch_one("find_task", {"job_id": task.job_id}, using=connection)
         if current is None:
             return False  # its partition was dropped
-        task.apply_row(current)
+        task._apply_row(current)
         if current["status"] not in allowed_from:
             return False
     return False

@@ -41,7 +41,7 @@ def task_at(job_id, action_time):
     """A TimeoutTask instance as a caller would hold it (possibly stale: the row may have moved)."""
     from timeouts.models import TimeoutTask
 
-    return TimeoutTask.from_row({"job_id": job_id, "action_time": datetime.fromisoformat(action_time),
+    return TimeoutTask._from_row({"job_id": job_id, "action_time": datetime.fromisoformat(action_time),
                                  "biz_type": "oracle.ok"})
 
 
