@@ -13,7 +13,7 @@ They all run on one connection, the bench alias's Django connection (the raw INS
 plain psycopg cursor on it, which binds on the server and is prepared like schedule()'s INSERT):
 measured side by side, a block of calls that follows a block on another connection ran 30-50 us a
 call slower all through, whichever code it ran, so with a connection each the ratio depended on
-the order (BENCHMARKS.md, seventh session). Nothing waits between the turns: a block that starts
+the order. Nothing waits between the turns: a block that starts
 after the machine idled runs its CPU-heavier calls slower (schedule() at 0.67-0.73x of the raw
 INSERT with 50 ms pauses, 0.76-0.81x without, side by side), so the notifications are counted once,
 after the last turn, each variant's by the second its tasks are due in. "raw INSERT + NOTIFY"

@@ -1,6 +1,6 @@
 """Smoke test of `manage.py timeouts_bench`: a tiny run end to end, as a user runs it (a child
 process), on a database and a Redis database of its own. It checks the shape of the JSON and that
-no task went missing, ran twice or ran early; the numbers themselves are for BENCHMARKS.md."""
+no task went missing, ran twice or ran early; the numbers themselves are for the docs (explanation/benchmarks)."""
 
 import json
 import os
