@@ -2,6 +2,10 @@
 
 `TimeoutsError` is a `ValueError`, so callers that already catch `ValueError` around user input keep
 working. Each subclass's docstring is its default message.
+
+Misuse by the project itself raises Django's own exceptions: a bad `@timeouts.handler` registration
+`django.core.exceptions.ImproperlyConfigured`, and a claim inside a transaction
+`django.db.transaction.TransactionManagementError`.
 """
 
 

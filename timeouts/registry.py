@@ -1,8 +1,10 @@
 """Handlers by biz_type: the `@timeouts.handler` decorator and the lookup the runtime uses."""
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+
+from django.core.exceptions import ImproperlyConfigured
 
 from .errors import InvalidBizType, UnknownBizType
 from .validation import describe
@@ -36,20 +38,25 @@ def handler(biz_type, *, queue=None, max_attempts=None, ttr=None):
 
     The function receives the `TimeoutTask` (status RUNNING). Returning marks it DONE; raising
     retries it with backoff, and after `max_attempts` attempts it becomes DEAD.
+
+    A bad registration (name, option, or a second handler for one biz_type) raises
+    ImproperlyConfigured, at import time: the project is misconfigured, not a user's input.
     """
-    check_biz_type(biz_type)
+    if not isinstance(biz_type, str) or not BIZ_TYPE_RE.fullmatch(biz_type):
+        raise ImproperlyConfigured(
+            f"@timeouts.handler: biz_type must be 1 to 64 characters of [A-Za-z0-9_.:-], got {describe(biz_type)}")
     for name, value in (("max_attempts", max_attempts), ("ttr", ttr)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"handler {biz_type!r}: {name} must be a positive integer, got {value!r}")
+            raise ImproperlyConfigured(f"handler {biz_type!r}: {name} must be a positive integer, got {value!r}")
     if queue is not None and (not isinstance(queue, str) or not queue):
-        raise ValueError(f"handler {biz_type!r}: queue must be a non-empty string, got {queue!r}")
+        raise ImproperlyConfigured(f"handler {biz_type!r}: queue must be a non-empty string, got {queue!r}")
 
     def register(func):
         new = Handler(biz_type, func, queue, max_attempts, ttr)
         old = _handlers.get(biz_type)
         # Re-importing the same module (autoreload, tests) re-registers the same function: allowed.
         if old is not None and _qualified(old.func) != _qualified(func):
-            raise ValueError(
+            raise ImproperlyConfigured(
                 f"biz_type {biz_type!r} already has a handler: {_qualified(old.func)}; "
                 f"refusing to replace it with {_qualified(func)}"
             )
