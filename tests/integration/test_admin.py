@@ -7,29 +7,23 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.auth.models import Permission, User
-from django.db import connection
 from django.test import RequestFactory
 
+from tests.factories import make_task
 from timeouts.admin import TimeoutTaskAdmin, actions
 from timeouts.admin.paginator import EstimatedCountPaginator
 from timeouts.models import TimeoutTask
 
 Status = TimeoutTask.Status
-PENDING, DISPATCHED, DONE, CANCELLED, RUNNING, DEAD = range(6)
+PENDING, DISPATCHED, DONE, CANCELLED, RUNNING, DEAD = (
+    Status.PENDING, Status.DISPATCHED, Status.DONE, Status.CANCELLED, Status.RUNNING, Status.DEAD)
 URL = "/admin/timeouts/timeouttask/"
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(60)]
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "h.py", line 3, in close\nRuntimeError: upstream <503>'
-# Raw updates that respect the CHECK constraints of 0001_schema.sql.
-ASSIGN = {
-    DISPATCHED: "status = 1, dispatched_at = now(), lease_until = now() + interval '1 hour'",
-    RUNNING: "status = 4, attempts = 1, dispatched_at = now(), started_at = action_time + interval '250 ms', "
-             "lease_until = now() + interval '1 hour'",
-    DONE: "status = 2, attempts = 1, started_at = action_time + interval '250 ms', finished_at = now()",
-    CANCELLED: "status = 3, finished_at = now()",
-    DEAD: "status = 5, attempts = max_attempts, started_at = action_time + interval '2 s', finished_at = now(), "
-          "last_error = %s",
-}
+# Started tasks began 250 ms after their action_time; a DEAD one 2 s after, and left a traceback.
+STARTED = {RUNNING: {"started_after": 0.25}, DONE: {"started_after": 0.25},
+           DEAD: {"started_after": 2, "last_error": TRACEBACK}}
 
 
 def now():
@@ -38,14 +32,7 @@ def now():
 
 def make(status=PENDING, *, at=None, biz_type="test.record", biz_id="1", attribute=None):
     """A task in `status`; tasks that have started are due in the past."""
-    at = at or (now() - timedelta(minutes=5) if status in (RUNNING, DONE, DEAD) else now() + timedelta(hours=2))
-    task = TimeoutTask.objects.schedule(biz_type, biz_id, at=at, attribute=attribute)
-    if status != PENDING:
-        with connection.cursor() as cursor:
-            cursor.execute(f"UPDATE timeouts_task SET {ASSIGN[status]} WHERE job_id = %s AND action_time = %s",
-                           ([TRACEBACK] if status == DEAD else []) + [task.job_id, task.action_time])
-            assert cursor.rowcount == 1
-    return reload(task)
+    return make_task(status, at=at, biz_type=biz_type, biz_id=biz_id, attribute=attribute, **STARTED.get(status, {}))
 
 
 def reload(task):
@@ -252,19 +239,19 @@ def test_only_action_time_is_sortable_and_the_default_is_newest_first(as_user):
 
 
 @pytest.mark.parametrize(("params", "expected"), [
-    ({"status": "0"}, {"pending", "overdue", "fail"}),
-    ({"status": "1"}, {"dispatched"}),
-    ({"status": "4"}, {"running"}),
-    ({"status": "2"}, {"done"}),
-    ({"status": "3"}, {"cancelled", "soon"}),
-    ({"status": "5"}, {"dead"}),
+    ({"status": f"{PENDING:d}"}, {"pending", "overdue", "fail"}),
+    ({"status": f"{DISPATCHED:d}"}, {"dispatched"}),
+    ({"status": f"{RUNNING:d}"}, {"running"}),
+    ({"status": f"{DONE:d}"}, {"done"}),
+    ({"status": f"{CANCELLED:d}"}, {"cancelled", "soon"}),
+    ({"status": f"{DEAD:d}"}, {"dead"}),
     ({"status": "x"}, set()),
     ({"biz_type": "test.fail"}, {"fail"}),
     ({"biz_type": "no.such.type"}, set()),
     ({"due": "overdue"}, {"overdue"}),
     ({"due": "next_hour"}, {"soon"}),
     ({"due": "today"}, "today"),
-    ({"status": "5", "biz_type": "test.record"}, {"dead"}),
+    ({"status": f"{DEAD:d}", "biz_type": "test.record"}, {"dead"}),
 ])
 def test_filters(as_user, params, expected):
     tasks = {

@@ -15,8 +15,10 @@ from django.db import connection, reset_queries
 from django.test.utils import CaptureQueriesContext
 
 from timeouts import partitions
+from timeouts.models import TimeoutTask
 from benchmarks import admin_scenario
 
+Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(120)]
 URL = "/admin/timeouts/timeouttask/"
 ROWS = 45_000
@@ -28,7 +30,8 @@ def partitioned_data(django_db_setup, django_db_blocker):
         before = {p.name for p in partitions.list_partitions(connection)}
         admin_scenario.fill(connection, ROWS, rebuild_indexes=False, log=lambda message: None)
         with connection.cursor() as cursor:
-            cursor.execute("SELECT job_id, biz_id FROM timeouts_task WHERE status = 5 ORDER BY job_id LIMIT 1")
+            cursor.execute("SELECT job_id, biz_id FROM timeouts_task WHERE status = %s ORDER BY job_id LIMIT 1",
+                           [Status.DEAD])
             dead = cursor.fetchone()
         yield {"partitions": len(partitions.list_partitions(connection)), "dead_job": dead[0], "dead_biz": dead[1]}
         with connection.cursor() as cursor:
@@ -106,19 +109,19 @@ CASES = {
     "": ({"action_time_idx"}, None),
     "o=5": ({"action_time_idx"}, None),
     "p=3": ({"action_time_idx"}, None),
-    "status=0": ({"status_action_time_idx"}, None),
-    "status=0&o=5": ({"status_action_time_idx"}, None),
-    "status=1": ({"lease_until_idx"}, None),
-    "status=4": ({"lease_until_idx"}, 17),
-    "status=2": ({"action_time_idx"}, 17),
-    "status=3": ({"status_action_time_idx"}, None),
-    "status=5": ({"status_action_time_idx"}, 17),
+    f"status={Status.PENDING:d}": ({"status_action_time_idx"}, None),
+    f"status={Status.PENDING:d}&o=5": ({"status_action_time_idx"}, None),
+    f"status={Status.DISPATCHED:d}": ({"lease_until_idx"}, None),
+    f"status={Status.RUNNING:d}": ({"lease_until_idx"}, 17),
+    f"status={Status.DONE:d}": ({"action_time_idx"}, 17),
+    f"status={Status.CANCELLED:d}": ({"status_action_time_idx"}, None),
+    f"status={Status.DEAD:d}": ({"status_action_time_idx"}, 17),
     "biz_type=order.close": ({"biz_type_action_time_idx"}, None),
     "biz_type=audit.rare": ({"biz_type_action_time_idx"}, None),
     "due=overdue": ({"run_at_idx", "status_action_time_idx"}, 17),
     "due=next_hour": ({"action_time_idx"}, 2),
     "due=today": ({"action_time_idx"}, 1),
-    "status=5&biz_type=order.close": ({"status_action_time_idx", "biz_type_action_time_idx"}, 17),
+    f"status={Status.DEAD:d}&biz_type=order.close": ({"status_action_time_idx", "biz_type_action_time_idx"}, 17),
 }
 
 

@@ -8,6 +8,7 @@ import pytest
 from django.db import connection, transaction
 
 import timeouts
+from tests.factories import make_task, move_to
 from timeouts.models import TimeoutTask
 
 Status = TimeoutTask.Status
@@ -225,11 +226,9 @@ def test_cancel():
 
 
 def test_cancel_of_started_or_finished_task_is_false():
-    for status, extra in ((Status.RUNNING, "lease_until = now(), started_at = now()"),
-                          (Status.DONE, "started_at = now(), finished_at = now()")):
+    for status in (Status.RUNNING, Status.DONE):
         task = TimeoutTask.objects.schedule("test.record", status.label, delay=60)
-        with connection.cursor() as cursor:
-            cursor.execute(f"UPDATE timeouts_task SET status = %s, {extra} WHERE job_id = %s", [status, task.job_id])
+        move_to(task, status)
         assert task.cancel() is False
         assert task.status == status
 
@@ -269,9 +268,7 @@ def test_requeue_dead_or_cancelled():
 def test_querysets():
     TimeoutTask.objects.schedule("test.record", "due", delay=-1)
     TimeoutTask.objects.schedule("test.record", "later", delay=3600)
-    dead = TimeoutTask.objects.schedule("test.record", "dead", delay=-1)
-    with connection.cursor() as cursor:
-        cursor.execute("UPDATE timeouts_task SET status = 5, finished_at = now() WHERE job_id = %s", [dead.job_id])
+    make_task(Status.DEAD, biz_id="dead", delay=-1)
     assert [t.biz_id for t in TimeoutTask.objects.due()] == ["due"]
     assert TimeoutTask.objects.pending().count() == 2
     assert [t.biz_id for t in TimeoutTask.objects.dead()] == ["dead"]

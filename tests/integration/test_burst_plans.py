@@ -9,6 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from django.db import connection, transaction
 
+from tests.factories import cancel_all
 from timeouts import queries
 from timeouts.claiming import claim_due
 from timeouts.models import TimeoutTask
@@ -23,9 +24,8 @@ def burst_in_a_partition_with_stale_statistics(at) -> str:
     over seconds, they would fall in the day before `at` during the first minutes of a day."""
     TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": f"spread-{i}",
                                         "at": at - timedelta(microseconds=i + 1)} for i in range(BURST)])
+    cancel_all()  # only the burst is left to claim
     with connection.cursor() as cursor:
-        # Cancelled: only the burst is left to claim.
-        cursor.execute("UPDATE timeouts_task SET status = 3, finished_at = clock_timestamp()")
         cursor.execute("SELECT DISTINCT tableoid::regclass::text FROM timeouts_task")
         [partition] = [row[0] for row in cursor.fetchall()]
         cursor.execute(f"ANALYZE {partition}")

@@ -10,7 +10,8 @@ from timeouts.models import TimeoutTask
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize(("point", "status_after"), [("claim.before_commit", 0), ("claim.after_commit", 1)])
+@pytest.mark.parametrize(("point", "status_after"), [("claim.before_commit", TimeoutTask.Status.PENDING),
+                                                     ("claim.after_commit", TimeoutTask.Status.DISPATCHED)])
 def test_claim_points_fire_before_and_after_the_claim_commits(monkeypatch, point, status_after):
     task = TimeoutTask.objects.schedule("test.record", "fault", delay=0)
     monkeypatch.setattr(faults, "ARMED", parse(f"{point}=raise"))

@@ -16,6 +16,7 @@ from django.db import connection
 from hypothesis import HealthCheck, Phase, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
+from tests.factories import move_to
 from tests.input_strategies import FIELDS, KEY_BIZ_IDS, VALID_TIMES, Arg, any_of, bulk_items, schedule_args
 from timeouts import InvalidAttribute, InvalidBizId, InvalidBizType, InvalidOption, InvalidTime, TaskConflict
 from timeouts import TimeoutsError
@@ -263,7 +264,7 @@ def test_reschedule_moves_exactly_or_rejects_and_changes_nothing(when, start, st
     if status == "cancelled":
         assert task.cancel() is True
     elif status == "claimed":
-        sql("UPDATE timeouts_task SET status = 1, dispatched_at = now(), lease_until = now() + interval '1 minute'")
+        move_to(task, Status.DISPATCHED, lease=timedelta(minutes=1))
     before, clock_before = snapshot(), db_now()
     try:
         moved = task.reschedule(**when.value)

@@ -10,6 +10,7 @@ from django.test import override_settings
 from django.urls import path
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.factories import move_to
 from timeouts import events, metrics, running
 from timeouts.claiming import claim_due
 from timeouts.models import TimeoutTask
@@ -80,7 +81,7 @@ def test_dispatch_run_retry_dead_and_lateness():
     assert record() == {"dispatched": 1, "done": 1, "lateness_seconds_count": 1, "scheduled": 1}
     assert fail() == {"dispatched": 1, "retried": 1, "lateness_seconds_count": 1, "scheduled": 1}
     with connection.cursor() as cursor:  # skip the backoff
-        cursor.execute("UPDATE timeouts_task SET run_at = action_time WHERE status = 0")
+        cursor.execute("UPDATE timeouts_task SET run_at = action_time WHERE status = %s", [Status.PENDING])
     run_claims()
     assert fail() == {"dispatched": 2, "retried": 1, "dead": 1, "lateness_seconds_count": 1, "scheduled": 1}
     assert value("timeouts_lateness_seconds_bucket", "test.record") == 0  # sanity: buckets carry "le"
@@ -91,9 +92,8 @@ def test_dispatch_run_retry_dead_and_lateness():
 def test_lease_expiry_of_a_last_attempt_counts_as_dead():
     deltas = Deltas("test.fail")
     task = due("test.fail")
-    with connection.cursor() as cursor:  # its last attempt started, then its worker vanished
-        cursor.execute("UPDATE timeouts_task SET status = 4, attempts = 2, dispatched_at = now(), started_at = now(), "
-                       "lease_until = now() - interval '1 s' WHERE job_id = %s", [task.job_id])
+    # Its last attempt started, then its worker vanished: the lease ran out a second ago.
+    move_to(task, Status.RUNNING, attempts=task.max_attempts, lease=timedelta(seconds=-1))
     assert recover_expired() == 1
     assert deltas() == {"scheduled": 1, "dead": 1}
 

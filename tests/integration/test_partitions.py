@@ -18,6 +18,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.test import override_settings
 
+from tests.factories import move_to
 from timeouts import partition_ddl, partitions
 from timeouts.claiming import claim_due
 from timeouts.models import TimeoutTask
@@ -27,7 +28,9 @@ pytestmark = pytest.mark.timeout(60)
 # DDL, locks and other connections: every database test commits for real.
 database = pytest.mark.django_db(transaction=True)
 
-PENDING, DISPATCHED, DONE, CANCELLED, RUNNING, DEAD = range(6)
+Status = TimeoutTask.Status
+PENDING, DISPATCHED, DONE, CANCELLED, RUNNING, DEAD = (
+    Status.PENDING, Status.DISPATCHED, Status.DONE, Status.CANCELLED, Status.RUNNING, Status.DEAD)
 
 
 def settings(**given):
@@ -46,20 +49,6 @@ def current():
 
 def schedule(when, biz_id="1"):
     return TimeoutTask.objects.schedule("test.record", biz_id, at=when)
-
-
-def set_status(task, status):
-    """Raw updates that respect the CHECK constraints of 0001_schema.sql."""
-    assignments = {
-        RUNNING: "status = 4, attempts = 1, started_at = now(), lease_until = now() + interval '1 hour'",
-        DEAD: "status = 5, attempts = 1, started_at = now(), finished_at = now()",
-        DONE: "status = 2, attempts = 1, started_at = now(), finished_at = now()",
-        CANCELLED: "status = 3, finished_at = now()",
-    }[status]
-    with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE timeouts_task SET {assignments} WHERE job_id = %s AND action_time = %s",
-                       [task.job_id, task.action_time])
-        assert cursor.rowcount == 1
 
 
 def table_of(task):
@@ -206,12 +195,9 @@ def test_retention_drops_only_partitions_whose_tasks_all_finished():
     with settings(RETENTION=timedelta(days=2)):
         first = partitions.maintain(now=now)  # makes their partitions; all pending: all kept
         assert first.dropped == [] and len(first.kept) == 6
-        with connection.cursor() as cursor:
-            cursor.execute("UPDATE timeouts_task SET status = 1, dispatched_at = now(), "
-                           "lease_until = now() + interval '1 hour' WHERE job_id = %s", [tasks[DISPATCHED].job_id])
-        for status in (RUNNING, DEAD, DONE, CANCELLED):
-            set_status(tasks[status], status)
-        set_status(done_too, DONE)
+        for status in (DISPATCHED, RUNNING, DEAD, DONE, CANCELLED):
+            move_to(tasks[status], status)
+        move_to(done_too, DONE)
 
         report = partitions.maintain(now=now)
 
@@ -236,7 +222,7 @@ def test_an_interrupted_drop_is_finished_by_the_next_run():
     finished, waiting = schedule(at("2021-03-01T10:00:00"), "finished"), schedule(at("2021-03-02T10:00:00"), "waiting")
     with settings(RETENTION=timedelta(days=2)):
         partitions.maintain(now=now)
-        set_status(finished, DONE)
+        move_to(finished, DONE)
         # A run detached both (the pending one by a race) and died before checking them.
         partition_ddl.detach(connection, "timeouts_task_d20210301")
         partition_ddl.detach(connection, "timeouts_task_d20210302")
@@ -296,7 +282,7 @@ def test_dry_run_changes_nothing():
         partitions.maintain(now=now)
         old = schedule(at("2021-03-01T10:00:00"), "old")
         partitions.maintain(now=now)
-        set_status(old, DONE)
+        move_to(old, DONE)
         parked = schedule(at("2021-02-01T10:00:00"), "parked")
         before = current()
 
@@ -371,7 +357,7 @@ def test_maintenance_gives_way_to_an_open_claim(default_row_locked):
     today_task = schedule(now - timedelta(minutes=1), "today")
     parked = schedule(now - timedelta(days=3), "parked")  # in DEFAULT: its partition is to be made
     if not default_row_locked:
-        set_status(parked, CANCELLED)  # the open claim will not lock it
+        move_to(parked, CANCELLED)  # the open claim will not lock it
     claimer = Claimer()
     with other_connection(autocommit=False) as holder, settings(PARTITIONS_AHEAD=16):
         claimed = holder.execute(QUERIES["claim_due"], {"limit": 500, "lead": 0, "max_dispatched": 10_000}).fetchall()

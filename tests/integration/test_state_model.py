@@ -31,8 +31,10 @@ from timeouts.queries import fetch_one
 from timeouts.recovery import recover_expired
 from timeouts.registry import get_handler
 
-PENDING, DISPATCHED, DONE, CANCELLED, RUNNING, DEAD = range(6)
-STATUS = dict(enumerate(["PENDING", "DISPATCHED", "DONE", "CANCELLED", "RUNNING", "DEAD"]))
+Status = TimeoutTask.Status
+PENDING, DISPATCHED, DONE, CANCELLED, RUNNING, DEAD = (
+    Status.PENDING, Status.DISPATCHED, Status.DONE, Status.CANCELLED, Status.RUNNING, Status.DEAD)
+STATUS = {status: status.name for status in Status}
 WAITING = (PENDING, DISPATCHED)  # not started: may be rescheduled, is what on_conflict looks at
 # cancel() -> True: this call made sure the handler never runs (again). A DEAD task is discarded (README).
 CANCELLABLE = (PENDING, DISPATCHED, DEAD)
@@ -294,7 +296,7 @@ class TaskMachine(RuleBasedStateMachine):
 
     def lease_expires(self, job_id):
         sql("UPDATE timeouts_task SET lease_until = clock_timestamp() - interval '1 second' "
-            "WHERE job_id = %s AND status IN (1, 4)", [job_id])
+            "WHERE job_id = %s AND status IN (%s, %s)", [job_id, Status.DISPATCHED, Status.RUNNING])
         task = self.model[job_id]
         assert recover_expired() == (1 if task.status in (DISPATCHED, RUNNING) else 0)
         SEEN[f"lease expired: {STATUS[task.status]}"] += 1

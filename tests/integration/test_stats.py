@@ -9,27 +9,16 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
+from tests.factories import move_to
 from timeouts import stats
 from timeouts.models import TimeoutTask
 
+Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(60)]
 
 
 def now():
     return datetime.now(UTC)
-
-
-def sql(statement, params=()):
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-
-
-def started(task, lateness, status=2):
-    """Mark a due task as started `lateness` seconds after its action_time (DONE by default)."""
-    sql("UPDATE timeouts_task SET status = %s, attempts = 1, started_at = action_time + %s * interval '1 s', "
-        "finished_at = CASE WHEN %s = 2 THEN now() END, "
-        "lease_until = CASE WHEN %s = 4 THEN now() + interval '1 min' END "
-        "WHERE job_id = %s AND action_time = %s", [status, lateness, status, status, task.job_id, task.action_time])
 
 
 def test_count_is_exact_below_the_limit_and_estimated_above():
@@ -73,19 +62,21 @@ def test_oldest_overdue_pending_and_default_rows():
 def test_status_counts_exact_and_sampled(monkeypatch):
     tasks = [TimeoutTask.objects.schedule("test.record", i, at=now() - timedelta(seconds=30)) for i in range(4)]
     TimeoutTask.objects.schedule("test.fail", 9, delay=600)
-    started(tasks[0], 0.5)
-    started(tasks[1], 0.5, status=4)
+    move_to(tasks[0], Status.DONE, started_after=0.5)
+    move_to(tasks[1], Status.RUNNING, started_after=0.5)
     counts, how = stats.status_counts()
     assert how == "exact"
-    assert counts == {(0, "test.record"): stats.Count(2, True), (0, "test.fail"): stats.Count(1, True),
-                      (2, "test.record"): stats.Count(1, True), (4, "test.record"): stats.Count(1, True)}
+    assert counts == {(Status.PENDING, "test.record"): stats.Count(2, True),
+                      (Status.PENDING, "test.fail"): stats.Count(1, True),
+                      (Status.DONE, "test.record"): stats.Count(1, True),
+                      (Status.RUNNING, "test.record"): stats.Count(1, True)}
     # Large tables are sampled; the small indexed groups (here RUNNING) are still counted exactly.
     monkeypatch.setattr(stats, "EXACT_TABLE_ROWS", 0)
     monkeypatch.setattr(stats, "SAMPLE_ROWS", 10**9)  # a 100% sample: deterministic
     sampled, how = stats.status_counts()
     assert how.startswith("estimated from a 100% sample")
-    assert sampled[(4, "test.record")] == stats.Count(1, True)
-    assert sampled[(0, "test.record")] == stats.Count(2, False)
+    assert sampled[(Status.RUNNING, "test.record")] == stats.Count(1, True)
+    assert sampled[(Status.PENDING, "test.record")] == stats.Count(2, False)
     exact, how = stats.status_counts(exact=True)
     assert how == "exact" and exact == counts
 
@@ -93,7 +84,7 @@ def test_status_counts_exact_and_sampled(monkeypatch):
 def test_lateness_percentiles_of_recent_first_attempts():
     tasks = [TimeoutTask.objects.schedule("test.record", i, at=now() - timedelta(minutes=2)) for i in range(5)]
     for task, late in zip(tasks[:4], (0.1, 0.2, 0.3, 10.0)):
-        started(task, late)
+        move_to(task, Status.DONE, started_after=late)
     TimeoutTask.objects.schedule("test.record", "old", at=now() - timedelta(hours=2))  # outside the window
     late = stats.lateness(minutes=15)
     assert (late["due"], late["started"], late["waiting"]) == (5, 4, 1)

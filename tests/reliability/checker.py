@@ -35,7 +35,9 @@ from datetime import timedelta
 import psycopg
 from psycopg.rows import dict_row
 
-STATUS_NAMES = {0: "PENDING", 1: "DISPATCHED", 2: "DONE", 3: "CANCELLED", 4: "RUNNING", 5: "DEAD"}
+from timeouts.states import Status
+
+STATUS_NAMES = {status: status.name for status in Status}
 FAILING_INTENTS = ("raise", "crash")
 PROBLEMS = ("lost", "unexpected", "ran_after_true_cancel", "early", "double_starts", "duplicates", "stuck",
             "accounting")
@@ -111,7 +113,8 @@ def _compare(rows, scheduled, cancels, runs, now, window) -> Report:
                  if e["outcome"] == "committed" or (e["outcome"] == "unknown" and e["job_id"] in rows)}
     true_cancels = {}
     for entry in cancels:
-        if entry["result"] or (entry["result"] is None and rows.get(entry["job_id"], {}).get("status") == 3):
+        cancelled = rows.get(entry["job_id"], {}).get("status") == Status.CANCELLED
+        if entry["result"] or (entry["result"] is None and cancelled):
             true_cancels.setdefault(entry["job_id"], entry["cancelled_at"])
     by_job = defaultdict(list)
     for run in runs:
@@ -159,9 +162,9 @@ def _check_runs(report, job_id, job_runs, row, cancelled_at):
 
 def _check_row(report, job_id, row, run_count, now, window):
     status = row["status"]
-    if status in (0, 1, 4) and row["run_at"] <= now - window:
+    if status in (Status.PENDING, Status.DISPATCHED, Status.RUNNING) and row["run_at"] <= now - window:
         report.stuck.append((job_id, STATUS_NAMES[status], round((now - row["run_at"]).total_seconds(), 1)))
-    if status == 2 and run_count != row["attempts"]:
+    if status == Status.DONE and run_count != row["attempts"]:
         report.accounting.append((job_id, f"DONE after {row['attempts']} attempts, {run_count} runs recorded"))
-    if status == 5 and row["attempts"] != row["max_attempts"]:
+    if status == Status.DEAD and row["attempts"] != row["max_attempts"]:
         report.accounting.append((job_id, f"DEAD after {row['attempts']} of {row['max_attempts']} attempts"))

@@ -14,6 +14,7 @@ import time
 import psycopg
 
 from tests import processes
+from timeouts.states import Status
 
 SCALE = float(os.environ.get("TIMEOUTS_RELIABILITY_SCALE", "1.0"))
 # The worker that runs the handlers. Measured on this shared machine (2,500 tasks due at once, load
@@ -91,10 +92,10 @@ def lateness_summary(seconds) -> str:
 def start_lateness(sut_dsn, since=None, until=None) -> list[float]:
     """started_at - action_time (seconds, the system's clock) of the DONE tasks due in [since, until]."""
     sql = ("SELECT extract(epoch FROM started_at - action_time)::float8 FROM timeouts_task "
-           "WHERE status = 2 AND action_time >= coalesce(%s::timestamptz, '-infinity') "
+           "WHERE status = %s AND action_time >= coalesce(%s::timestamptz, '-infinity') "
            "AND action_time <= coalesce(%s::timestamptz, 'infinity')")
     with psycopg.connect(sut_dsn, autocommit=True, connect_timeout=10) as conn:
-        return [row[0] for row in conn.execute(sql, (since, until))]
+        return [row[0] for row in conn.execute(sql, (Status.DONE, since, until))]
 
 
 def run_actor(system, name, command, spec, *, timeout) -> dict:

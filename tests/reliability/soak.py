@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from timeouts.states import Status
+
 ROOT = Path(__file__).resolve().parents[2]
 ORACLE_DB = "timeouts_soak_oracle"
 SHARED = os.environ.get("TIMEOUTS_SOAK_SHARED_PG", "postgres://postgres@127.0.0.1:5432")
@@ -251,29 +253,30 @@ class Soak:
 
     def _running_now(self) -> int:
         try:
-            return self._sut_query("SELECT count(*) FROM timeouts_task WHERE status = 4")[0][0]
+            return self._sut_query("SELECT count(*) FROM timeouts_task WHERE status = %s", [Status.RUNNING])[0][0]
         except Exception:  # noqa: BLE001  the database is down: nothing can be running a start
             return 0
 
     def _overdue(self) -> int:
         try:
-            return self._sut_query("SELECT count(*) FROM timeouts_task WHERE status IN (0, 1) "
-                                   "AND run_at < clock_timestamp() - interval '10 seconds'")[0][0]
+            return self._sut_query("SELECT count(*) FROM timeouts_task WHERE status IN (%s, %s) "
+                                   "AND run_at < clock_timestamp() - interval '10 seconds'",
+                                   [Status.PENDING, Status.DISPATCHED])[0][0]
         except Exception:  # noqa: BLE001  the database is down
             return 0
 
     def _finished_in_last_second(self) -> int:
         try:
-            return self._sut_query("SELECT count(*) FROM timeouts_task WHERE status = 2 "
-                                   "AND finished_at > clock_timestamp() - interval '1 second'")[0][0]
+            return self._sut_query("SELECT count(*) FROM timeouts_task WHERE status = %s "
+                                   "AND finished_at > clock_timestamp() - interval '1 second'", [Status.DONE])[0][0]
         except Exception:  # noqa: BLE001
             return 0
 
-    def _sut_query(self, sql):
+    def _sut_query(self, sql, params=()):
         import psycopg
 
         with psycopg.connect(self.pg.url, autocommit=True, connect_timeout=5) as conn:
-            return conn.execute(sql).fetchall()
+            return conn.execute(sql, params).fetchall()
 
     # -- the result ------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ numbers also go to var/test-logs/reliability/<test>/numbers.json.
 import pytest
 
 from tests.processes import wait_for
+from timeouts.states import Status
 
 from .clusters import redis_available
 from .oracle import check
@@ -88,7 +89,8 @@ def _outage_then_empty_restart(system, redis_server, oracle, timeline, burst, to
 
     # 2. Redis killed and started empty: the claims whose messages it held must be re-dispatched.
     wait_for(lambda: oracle.run_count() >= 0.6 * total, 600, interval=0.5, message="60% of the burst to run")
-    in_flight = [row[0] for row in system.query("SELECT job_id FROM timeouts_task WHERE status IN (1, 4)")]
+    in_flight = [row[0] for row in system.query("SELECT job_id FROM timeouts_task WHERE status IN (%s, %s)",
+                                                             [Status.DISPATCHED, Status.RUNNING])]
     messages_lost = redis_server.message_count()
     timeline.mark("wipe")
     redis_server.restart_empty()

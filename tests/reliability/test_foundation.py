@@ -5,9 +5,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from timeouts.states import Status
+
 from .checker import _compare
 from .oracle import check
 
+PENDING, DONE, CANCELLED, RUNNING, DEAD = (Status.PENDING, Status.DONE, Status.CANCELLED, Status.RUNNING, Status.DEAD)
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 WINDOW = timedelta(seconds=10)
 
@@ -27,7 +30,7 @@ def scheduled(*job_ids, outcome="committed"):
 
 
 def test_a_clean_history_has_no_problems():
-    rows = dict([row(1, 2), row(2, 3, attempts=0), row(3, 5, attempts=3, max_attempts=3)])
+    rows = dict([row(1, DONE), row(2, CANCELLED, attempts=0), row(3, DEAD, attempts=3, max_attempts=3)])
     cancels = [{"job_id": 2, "result": True, "cancelled_at": NOW - timedelta(minutes=2)}]
     runs = [run(1), *(run(3, attempt, intent="crash") for attempt in (1, 2, 3))]
     report = _compare(rows, scheduled(1, 2, 3) + scheduled(9, outcome="rolled_back"), cancels, runs, NOW, WINDOW)
@@ -38,9 +41,9 @@ def test_a_clean_history_has_no_problems():
 
 def test_every_kind_of_problem_is_found():
     late_cancel = NOW - timedelta(minutes=5)
-    rows = dict([row(1, 0), row(2, 2, attempts=2), row(3, 2, attempts=1), row(4, 3, attempts=1), row(5, 4),
-                 row(6, 5, attempts=2, max_attempts=3), row(7, 0, due=NOW + timedelta(seconds=5)),
-                 row(8, 2, attempts=2)])
+    rows = dict([row(1, PENDING), row(2, DONE, attempts=2), row(3, DONE, attempts=1), row(4, CANCELLED, attempts=1),
+                 row(5, RUNNING), row(6, DEAD, attempts=2, max_attempts=3),
+                 row(7, PENDING, due=NOW + timedelta(seconds=5)), row(8, DONE, attempts=2)])
     runs = [run(2, 1), run(2, 2),  # a rerun without a failure: a duplicate
             run(3, 1), run(3, 1),  # the same attempt twice, and more runs than attempts
             run(4), run(5, at=NOW - timedelta(minutes=2)),  # ran after a True cancel; ran early
@@ -61,7 +64,7 @@ def test_every_kind_of_problem_is_found():
 
 
 def test_unknown_outcomes_are_decided_by_the_table_and_duplicates_by_the_limit():
-    rows = dict([row(1, 2, attempts=2), row(3, 3, attempts=0)])
+    rows = dict([row(1, DONE, attempts=2), row(3, CANCELLED, attempts=0)])
     runs = [run(1, 1), run(1, 2)]
     cancels = [{"job_id": 3, "result": None, "cancelled_at": NOW}]  # unknown, but the row is CANCELLED
     report = _compare(rows, scheduled(1, 2, 3, outcome="unknown"), cancels, runs, NOW, WINDOW)

@@ -12,6 +12,7 @@ import pytest
 
 from tests import processes
 from tests.testapp.oracle_handlers import OK_TTR, POISON_MAX_ATTEMPTS
+from timeouts.states import Status
 
 from .oracle import check
 
@@ -47,8 +48,9 @@ def test_a_dispatcher_killed_between_claim_commit_and_publish_20_times_loses_not
         """Claims left without a message: DISPATCHED for longer than any published one waits (the
         lease keeps them so for TTR). A task may be orphaned twice: recovered, then claimed again
         by the next dispatcher to die."""
-        for job, claimed_at in system.query("SELECT job_id, dispatched_at FROM timeouts_task WHERE status = 1 "
-                                            "AND dispatched_at < clock_timestamp() - interval '3 seconds'"):
+        for job, claimed_at in system.query("SELECT job_id, dispatched_at FROM timeouts_task WHERE status = %s "
+                                            "AND dispatched_at < clock_timestamp() - interval '3 seconds'",
+                                            [Status.DISPATCHED]):
             orphans.setdefault(job, set()).add(claimed_at)
 
     def feed_and_respawn():
@@ -120,7 +122,7 @@ def test_killed_worker_processes_lose_nothing_and_rerun_only_what_was_in_flight(
 
     def running_in_pool(exclude=()):
         children = set(system.children(first))
-        running = {job for (job,) in system.query("SELECT job_id FROM timeouts_task WHERE status = 4")}
+        running = _running_jobs(system)
         return [(run["job_id"], run["pid"]) for job in slow for run in oracle.runs(job)
                 if run["pid"] in children and job in running and job not in exclude]
 
@@ -161,7 +163,7 @@ def test_killed_worker_processes_lose_nothing_and_rerun_only_what_was_in_flight(
 
 
 def _running_jobs(system) -> set:
-    return {job for (job,) in system.query("SELECT job_id FROM timeouts_task WHERE status = 4")}
+    return {job for (job,) in system.query("SELECT job_id FROM timeouts_task WHERE status = %s", [Status.RUNNING])}
 
 
 @pytest.mark.timeout(300)

@@ -25,6 +25,7 @@ from .race_tools import (
     timeout_for,
 )
 
+Status = TimeoutTask.Status
 CLAIM_RACE_TASKS = scaled(50_000, minimum=200)
 KEYS = scaled(1_000, minimum=50)
 
@@ -97,10 +98,10 @@ def test_a_cancel_storm_while_tasks_come_due_never_lets_a_cancelled_task_run(sys
     clock.lap("all final")
     report = check(system.database_url, oracle.dsn, recovery_window=30)
     true_cancelled = [row[0] for row in oracle.conn.execute("SELECT job_id FROM oracle_cancel WHERE result")]
-    both = system.query("SELECT count(*) FROM timeouts_task WHERE status = 2 AND job_id = ANY(%s)",
-                        [true_cancelled])[0][0]
-    ran_and_cancelled = system.query("SELECT count(*) FROM timeouts_task WHERE status = 3 AND job_id = ANY(%s)",
-                                     [list(report.runs_by_job)])[0][0]
+    both = system.query("SELECT count(*) FROM timeouts_task WHERE status = %s AND job_id = ANY(%s)",
+                        [Status.DONE, true_cancelled])[0][0]
+    ran_and_cancelled = system.query("SELECT count(*) FROM timeouts_task WHERE status = %s AND job_id = ANY(%s)",
+                                     [Status.CANCELLED, list(report.runs_by_job)])[0][0]
     print(f"\ncancel storm: {STORM_TASKS} tasks due over {STORM_SPAN:.0f} s, {len(spec['cancel'])} cancelled around "
           f"their due time ({len(moved)} rescheduled across partitions first): {clock}\n"
           f"  cancels {storm['cancels']}, cancel lag p50 {storm['cancel_lag_p50']:.2f} s max "
@@ -157,7 +158,7 @@ def test_two_threads_scheduling_the_same_keys_leave_exactly_one_waiting_task_per
     elif on_conflict == "keep":
         assert outcomes[0] == outcomes[1] and rows.count() == KEYS
     else:  # replace: every call created a task and cancelled the one before it
-        assert rows.count() == 2 * KEYS and rows.filter(status=3).count() == KEYS
+        assert rows.count() == 2 * KEYS and rows.filter(status=Status.CANCELLED).count() == KEYS
     connections.close_all()
 
 

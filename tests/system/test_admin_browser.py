@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import Permission, User
-from django.db import connection
 
 from tests import processes
+from tests.factories import make_task
 from timeouts.models import TimeoutTask
 
 CHROMIUM = "/usr/bin/chromium"
@@ -74,21 +74,13 @@ def server():
 
 
 def make(biz_id, status, at, biz_type="test.record", attribute=None, late=0.2):
-    task = TimeoutTask.objects.schedule(biz_type, biz_id, at=at, attribute=attribute or {"order": biz_id})
-    assignments = {
-        Status.DONE: "status = 2, attempts = 1, started_at = action_time + %s * interval '1 s', finished_at = now()",
-        Status.DEAD: "status = 5, attempts = max_attempts, started_at = action_time + %s * interval '1 s', "
-                     "finished_at = now(), last_error = 'Traceback (most recent call last):\nRuntimeError: 503'",
-        Status.RUNNING: "status = 4, attempts = 1, dispatched_at = now(), "
-                        "started_at = action_time + %s * interval '1 s', lease_until = now() + interval '1 min'",
-    }
-    if status in assignments:
-        with connection.cursor() as cursor:
-            cursor.execute(f"UPDATE timeouts_task SET {assignments[status]} WHERE job_id = %s",
-                           [late, task.job_id])
-    elif status == Status.CANCELLED:
-        task.cancel()
-    return task
+    """A task in `status`; one that started did so `late` seconds after its action_time."""
+    state = {}
+    if status in (Status.RUNNING, Status.DONE, Status.DEAD):
+        state["started_after"] = late
+    if status == Status.DEAD:
+        state["last_error"] = "Traceback (most recent call last):\nRuntimeError: 503"
+    return make_task(status, biz_type=biz_type, biz_id=biz_id, at=at, attribute=attribute or {"order": biz_id}, **state)
 
 
 @pytest.fixture

@@ -38,7 +38,8 @@ def test_a_prefork_workers_counts_add_up_across_its_processes(client, broker, st
         def settled():
             app.send_task("timeouts.scan")  # the scan, too, runs in a worker child
             with connection.cursor() as cursor:  # skip the retry's backoff
-                cursor.execute("UPDATE timeouts_task SET run_at = action_time WHERE status = 0 AND attempts > 0")
+                cursor.execute("UPDATE timeouts_task SET run_at = action_time WHERE status = %s AND attempts > 0",
+                               [Status.PENDING])
             done = TimeoutTask.objects.filter(status=Status.DONE).count()
             return done == 8 and TimeoutTask.objects.get(job_id=failing.job_id).status == Status.DEAD
 
