@@ -27,7 +27,7 @@ class Claim:
     attempt: int  # the attempt this dispatch will be, if it starts
     ttr: int
     claimed_at: datetime  # database clock
-    partition: str | None = None  # the partition that held the row when it was claimed
+    partition: str  # the partition that held the row when it was claimed
 
     @property
     def eta(self):

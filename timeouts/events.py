@@ -13,7 +13,7 @@ is never counted. A receiver that raises is logged, never raised into the code t
 
 The Prometheus counters (timeouts.metrics) count the same events at the same moment, called
 directly rather than as a receiver: with nobody else listening, Django's signal machinery cost
-more than the counting on schedule()'s hot path (BENCHMARKS.md, seventh session), so the signal
+more than the counting itself on schedule()'s hot path, so the signal
 is only sent when a host has connected a receiver.
 
 The runtime modules call the small functions below at the point where each change is known to

@@ -22,7 +22,7 @@ host's services start), and the view adds up every process's files, including th
 that have exited. Without the variable, the view shows the counters of the process serving it
 (right for a single process, e.g. runserver or tests).
 
-We chose this over counting from the table: rows leave with their partition (a counter computed
+Counting from the table would not do: rows leave with their partition (a counter computed
 from them would go down), and keeping counts in a table would add a write, on one hot row, to
 every status change.
 """

@@ -29,7 +29,7 @@ class TimeoutTaskQuerySet(models.QuerySet):
 
 class TimeoutTaskManager(models.Manager.from_queryset(TimeoutTaskQuerySet)):
     def schedule(self, biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=None):
-        """Create a task; see CONTRACT.md. Returns the new (or, with on_conflict="keep", the kept) task."""
+        """Create a task (docs: reference/api). Returns the new (or, with on_conflict="keep", the kept) task."""
         return scheduling.schedule(
             self.model, biz_type, biz_id, at=at, delay=delay, attribute=attribute, on_conflict=on_conflict, using=self.db
         )

@@ -15,8 +15,8 @@
 -- statement that is its own transaction, queries.py derives insert_task_autocommit, which calls
 -- pg_notify() itself. Returns what the database decided (the caller knows the rest; the attribute
 -- as jsonb gives it back, which can differ from what was passed: 1e16 comes back an int), in this
--- order: this is schedule()'s hot path, and every column returned costs (measured side by side:
--- the attribute alone 12 us of a 0.3 ms INSERT; a CTE returning the row a third more).
+-- order: this is schedule()'s hot path, and every column returned costs (the attribute alone
+-- 12 us of a 0.3 ms INSERT; a CTE returning the row a third more).
 INSERT INTO timeouts_task
     (biz_type, biz_id, action_time, run_at, attribute, max_attempts, ttr, created_at, modified_at)
 VALUES (%(biz_type)s, %(biz_id)s,
@@ -192,8 +192,8 @@ RETURNING job_id;
 -- name: finish_then_start_task
 -- A batch's previous task's DONE (as finish_task, done_ parameters) and its next task's start (as
 -- start_task) in one statement: one round trip and one durable commit, where the two statements
--- cost a durable commit and one without a flush, which then delays the durable one (measured side
--- by side, a quarter less per task: BENCHMARKS.md). Nothing runs between a handler's end and the
+-- cost a durable commit and one without a flush, which then delays the durable one (a quarter
+-- less per task; docs: explanation/benchmarks). Nothing runs between a handler's end and the
 -- next one's start, so writing the DONE there changes no outcome; it only becomes durable.
 -- Always one row: `finished` says whether the DONE matched; the start's columns are NULL when the
 -- start matched nothing (a stale or early message: running.py goes on as after start_task).
