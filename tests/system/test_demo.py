@@ -2,6 +2,7 @@
 its demo orders must be closed by their handler on time, the paid ones' timeouts cancelled."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -75,15 +76,8 @@ def _free_port():
         return sock.getsockname()[1]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_demo_smoke(smoke_database, smoke_broker, tmp_path):
-    broker_url, extra = smoke_broker
-    env = {key: value for key, value in os.environ.items() if key not in ("DJANGO_SETTINGS_MODULE", "TIMEOUTS_TEST_DB")}
-    env.update(
-        DATABASE_URL=smoke_database, CELERY_BROKER_URL=broker_url, TIMEOUTS_PYTHON=sys.executable,
-        TIMEOUTS_DEMO_PORT=str(_free_port()), TIMEOUTS_DEMO_VAR=str(tmp_path / "demo"), **extra,
-    )
+def _run_demo_smoke(env, tmp_path):
+    """Runs `bin/demo --smoke` with ENV; returns its output once it passed."""
     demo = subprocess.Popen(
         [str(ROOT / "bin" / "demo"), "--smoke"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -106,3 +100,52 @@ def test_demo_smoke(smoke_database, smoke_broker, tmp_path):
     assert demo.returncode == 0, f"bin/demo --smoke exited {demo.returncode}:\n{output}{logs}"
     assert "Demo check passed" in output, output
     assert output.count("FIRED") == 4 and "cancelled  order" in output, output
+    return output
+
+
+def _demo_env(tmp_path, **values):
+    drop = ("DJANGO_SETTINGS_MODULE", "TIMEOUTS_TEST_DB", "CELERY_BROKER_URL", "TIMEOUTS_BROKER_FOLDER")
+    env = {key: value for key, value in os.environ.items() if key not in drop}
+    env.update(TIMEOUTS_PYTHON=sys.executable, TIMEOUTS_DEMO_PORT=str(_free_port()),
+               TIMEOUTS_DEMO_VAR=str(tmp_path / "demo"), **values)
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_demo_smoke(smoke_database, smoke_broker, tmp_path):
+    broker_url, extra = smoke_broker
+    _run_demo_smoke(_demo_env(tmp_path, DATABASE_URL=smoke_database, CELERY_BROKER_URL=broker_url, **extra), tmp_path)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("fallback", ["valkey", "filesystem"])
+def test_demo_smoke_without_redis(smoke_database, tmp_path, fallback):
+    """No Redis answers: bin/demo brings its own broker (an embedded Valkey, else kombu's filesystem
+    transport), and the timeouts still start within milliseconds. Half a second late is what a
+    worker whose ETA timer sleeps a second at a time shows: the bound keeps well above scheduling noise."""
+    env = _demo_env(tmp_path, DATABASE_URL=smoke_database, TIMEOUTS_REDIS_PROBE="127.0.0.1:1")
+    if fallback == "valkey":
+        env["TIMEOUTS_VALKEY_DIR"] = str(tmp_path / "valkey")  # a server of its own, stopped by bin/demo
+    else:
+        env.update(TIMEOUTS_EMBEDDED_VALKEY="0", TIMEOUTS_BROKER_FOLDER=str(tmp_path / "broker"))
+    output = _run_demo_smoke(env, tmp_path)
+
+    if fallback == "valkey":
+        assert "Starting the embedded Valkey" in output, output
+        log = (tmp_path / "valkey" / "valkey.log").read_text()
+        pid = int(re.search(r"^(\d+):M .*Ready to accept connections", log, re.MULTILINE).group(1))
+        assert not _alive(pid), f"the embedded Valkey (pid {pid}) outlived bin/demo"
+    else:
+        assert "filesystem:// transport" in output and "embedded Valkey" not in output, output
+    median = float(re.search(r"lateness min \d+ ms, median (\d+) ms", output).group(1))
+    assert median < 200, output
