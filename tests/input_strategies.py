@@ -1,7 +1,7 @@
 """Hypothesis strategies for the arguments of schedule(), bulk_schedule() and reschedule().
 
-Each strategy yields `Arg`s: a value plus what the contract says of it (`error`: None for valid input,
-else the TimeoutsError subclass the contract names). Valid and invalid values come from the same
+Each strategy yields `Arg`s: a value plus what the API says of it (`error`: None for valid input,
+else the TimeoutsError subclass the API names). Valid and invalid values come from the same
 strategies, so every property test sees both, and the edges of every limit.
 """
 
@@ -201,7 +201,7 @@ def _nested(depth, leaf=1):
 
 def _size_case(filler, above_limit):
     """{"big": filler * n} with n characters as many as fit in MAX_ATTRIBUTE_BYTES (+ above_limit)."""
-    overhead = len('{"big":""}')  # compact JSON, UTF-8: the contract's measure
+    overhead = len('{"big":""}')  # compact JSON, UTF-8: the measure MAX_ATTRIBUTE_BYTES applies to
     count = (MAX_BYTES - overhead) // len(filler.encode()) + above_limit
     size = overhead + count * len(filler.encode())
     assert (size <= MAX_BYTES) == (above_limit <= 0)

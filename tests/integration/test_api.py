@@ -1,4 +1,4 @@
-"""The ORM API of the contract: schedule, bulk_schedule, cancel, reschedule, requeue, querysets."""
+"""The public ORM API: schedule, bulk_schedule, cancel, reschedule, requeue, querysets."""
 
 import threading
 import uuid

@@ -378,7 +378,7 @@ def test_maintenance_gives_way_to_an_open_claim(default_row_locked):
         assert report.created == [] and report.failed
         assert "lock timeout" in next(iter(report.failed.values()))
         assert table_of(parked) == "timeouts_task_default"
-        # No claim waited much longer than the lock_timeout (measured: at most ~0.5 s).
+        # No claim waited much longer than the lock_timeout (0.5 s).
         assert claimer.durations and max(claimer.durations) < 0.5 + 0.5, max(claimer.durations)
         if not default_row_locked:
             # The rows moved, then ATTACH queued for DEFAULT's ACCESS EXCLUSIVE lock behind the open

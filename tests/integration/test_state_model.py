@@ -1,5 +1,5 @@
 """The task state machine, driven by Hypothesis through every public move and every worker step, against
-a pure Python model of statuses and attempts (the model is the spec: README and CONTRACT.md).
+a pure Python model of statuses and attempts (the model is the spec: the documented states and moves).
 
 Moves: schedule (with on_conflict), cancel (a fresh or a stale instance, and by key), reschedule (to the
 past, now, an hour, days and years ahead: across partitions and into DEFAULT), requeue, claim_due (with a

@@ -1,6 +1,6 @@
 """Helpers of the database and broker outage scenarios (test_database_faults.py, test_broker_faults.py).
 
-- `scaled(n)`: the issue's sizes times TIMEOUTS_RELIABILITY_SCALE (default 1.0: 20,000 tasks, 30 s outages).
+- `scaled(n)`: the full sizes times TIMEOUTS_RELIABILITY_SCALE (default 1.0: 20,000 tasks, 30 s outages).
 - `BurstScheduler`: a thread that schedules tasks in chunks through oracle.Scheduler, going on through
   outages (a chunk whose transaction failed is recorded rolled back or unknown, and the next one tries
   again), until `total` tasks committed.
@@ -33,11 +33,11 @@ from .clusters import REDIS_SERVER, ThrowawayRedis
 from .oracle import Oracle, Scheduler
 from .race_tools import SCALE, scaled  # noqa: F401  (scaled is part of this module's API for the tests)
 
-# Workers: 8 threads started handlers 4-8x faster than a prefork pool of 2-3 on this shared 2-core
-# machine (70/s against 9-16/s at a load average of 10). The claim cap keeps a claim's wait in the
+# Workers: 8 threads start handlers several times faster than a prefork pool of 2-3 on a 2-core
+# machine (the handlers mostly wait on their databases). The claim cap keeps a claim's wait in the
 # broker under half the oracle.ok lease (5 s) at that rate (MAX_DISPATCHED <= starts/s x TTR / 2):
 # a cap the workers cannot drain within the lease makes every lease expire and every task be
-# published again and again (measured: 9 messages per task with a cap of 400).
+# published again and again, several messages per task.
 WORKER = {"pool": "threads", "concurrency": 8}
 ENV = {"TIMEOUTS_MAX_DISPATCHED": 150}
 

@@ -1,7 +1,7 @@
 """Helpers of the race scenarios (test_races*.py): their scale, scheduling tens of thousands of tasks at
 once (recorded in the oracle), lateness statistics, and running a child actor (race_actors.py).
 
-TIMEOUTS_RELIABILITY_SCALE (default 1.0) multiplies every size: 1.0 is the issue's (50,000 tasks per
+TIMEOUTS_RELIABILITY_SCALE (default 1.0) multiplies every size: 1.0 is the full size (50,000 tasks per
 scenario); 0.1 makes a quick run on a busy machine.
 """
 
@@ -17,14 +17,13 @@ from tests import processes
 from timeouts.states import Status
 
 SCALE = float(os.environ.get("TIMEOUTS_RELIABILITY_SCALE", "1.0"))
-# The worker that runs the handlers. Measured on this shared machine (2,500 tasks due at once, load
-# average 13): `-P threads -c 8` ran 32 tasks/s, `-P prefork -c 2` 9/s; the handler mostly waits on
-# its two databases.
+# The worker that runs the handlers: the handler mostly waits on its two databases, so 8 threads start
+# several times more tasks a second than a prefork pool of 2 on a 2-core machine.
 WORKER = {"concurrency": 8, "pool": "threads"}
 # Backpressure by the README's rule, MAX_DISPATCHED <= (tasks started per second) x TTR / 2: oracle.ok's
 # TTR is 5 s and this shared machine may start as few as 40 tasks/s. The default (1,000) lets claims
 # wait in the broker past their lease: recovery then re-dispatches them again and again, filling the
-# broker with messages the worker has to drop (measured: 2,500 tasks not final after two minutes).
+# broker with messages the worker has to drop, and a scenario's tasks are not final for minutes.
 MAX_DISPATCHED = 100
 
 

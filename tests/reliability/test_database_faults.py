@@ -3,7 +3,7 @@ again and again. Each test runs its own throwaway cluster (initdb, its own port)
 oracle that no committed task is lost, none starts early or twice for one attempt, and that the
 dispatcher comes back (LISTEN again) within seconds of the database.
 
-Sizes follow TIMEOUTS_RELIABILITY_SCALE (1.0: the issue's 20,000 tasks and 30 s outage). Run with -s
+Sizes follow TIMEOUTS_RELIABILITY_SCALE (1.0: 20,000 tasks and a 30 s outage). Run with -s
 to see what each test observed; the numbers also go to var/test-logs/reliability/<test>/numbers.json.
 """
 

@@ -177,7 +177,7 @@ def test_waiting_for_far_away_tasks_costs_almost_nothing():
 def test_a_backlog_held_back_by_backpressure_does_not_spin_the_dispatcher(worker, starts, settings):
     """A backlog larger than MAX_DISPATCHED: each start frees room for one more claim. The dispatcher
     must wait a little and claim what freed up in chunks, not chase every start with a claim of its
-    own: that hot loop of tiny claims took a CPU of the database from the workers it waited for."""
+    own: such a hot loop of tiny claims takes a CPU of the database from the workers it waits for."""
     settings.TIMEOUTS = {**settings.TIMEOUTS, "MAX_DISPATCHED": 50}
     now = datetime.now(timezone.utc)
     TimeoutTask.objects.bulk_schedule(
@@ -191,8 +191,8 @@ def test_a_backlog_held_back_by_backpressure_does_not_spin_the_dispatcher(worker
     claimed = after["claimed"] - before["claimed"]
     print(f"held back: {wakeups / elapsed:.1f} claims/s, {claimed / max(wakeups, 1):.1f} tasks per claim")
     assert claimed > 0  # the backlog moved
-    # Backing off to 50-100 ms between claims makes at most ~13 a second; chasing each start made 25+
-    # here, and far more when the database was the busy one.
+    # Backing off 50-100 ms between claims makes at most ~13 a second; chasing each start makes 25 or
+    # more here, and far more when the database is the busy one.
     assert wakeups / elapsed <= 15
 
 

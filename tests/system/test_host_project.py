@@ -1,4 +1,4 @@
-"""A separate host project uses every call of the contract with only the built wheel installed."""
+"""A separate host project uses every call of the public API with only the built wheel installed."""
 
 import os
 import subprocess
@@ -31,7 +31,7 @@ def host_database():
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_host_project_uses_the_whole_contract_from_the_wheel(tmp_path, host_database):
+def test_a_host_project_uses_the_whole_public_api_from_the_wheel(tmp_path, host_database):
     name, params = host_database
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(ROOT)],
                    check=True, capture_output=True, timeout=120)
