@@ -52,7 +52,7 @@ ensure_venv() {
     echo "$hash" >"$stamp"
 }
 
-# ensure_chromium: the admin's browser test (tests/test_admin_browser.py) drives Debian's Chromium,
+# ensure_chromium: the admin's browser test (tests/system/test_admin_browser.py) drives Debian's Chromium,
 # /usr/bin/chromium, with Playwright (never Playwright's own browser downloads). Installed with
 # apt-get when missing and we are root (as in CI); otherwise the test is skipped (it fails under CI).
 ensure_chromium() {
