@@ -1,5 +1,7 @@
 """timeouts: "at this exact time, do this, durably" for Django and Celery."""
 
+__version__ = "0.1.0"
+
 from .errors import (
     InvalidAttribute,
     InvalidBizId,

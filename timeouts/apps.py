@@ -11,6 +11,6 @@ class TimeoutsConfig(AppConfig):
         # Handlers registered in every process that loads Django: web (validation of biz_type),
         # scanner and dispatcher (routing to queues) and workers (running them).
         autodiscover_modules("timeouts_handlers")
-        from . import checks  # noqa: F401  system checks
-        from . import tasks  # noqa: F401  registers the Celery tasks with the host's app
-        from . import worker_dispatcher  # noqa: F401  the dispatcher thread, when DISPATCHER_IN_WORKER is on
+        # Imported for what importing does: the system checks register themselves, the Celery tasks
+        # join the host's app, and the dispatcher thread starts in workers when DISPATCHER_IN_WORKER is on.
+        from . import checks, tasks, worker_dispatcher  # noqa: F401

@@ -11,7 +11,6 @@ import logging
 import threading
 
 from celery import current_app
-
 from django.db import connection
 
 from .claiming import release

@@ -47,9 +47,13 @@ class Claim:
 def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
     """Claim up to `limit` PENDING tasks due within `lead` seconds, by the database clock."""
     if own_connection.current().in_atomic_block:
-        raise TransactionManagementError("claim_due() must commit before publishing: call it outside transaction.atomic()")
+        raise TransactionManagementError(
+            "claim_due() must commit before publishing: call it outside transaction.atomic()")
     params = {"limit": limit, "lead": float(lead), "max_dispatched": get_settings().MAX_DISPATCHED}
-    claim = lambda: fetch_dicts("claim_due", params)
+
+    def claim():
+        return fetch_dicts("claim_due", params)
+
     if faults.ARMED and faults.armed("claim.before_commit"):
         claim = _faulting_before_commit(claim)  # tests only: never a transaction when unarmed
     rows = events.dispatched(retry_on_conflict(claim))

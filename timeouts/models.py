@@ -29,10 +29,9 @@ class TimeoutTaskQuerySet(models.QuerySet):
 
 class TimeoutTaskManager(models.Manager.from_queryset(TimeoutTaskQuerySet)):
     def schedule(self, biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=None):
-        """Create a task (docs: reference/api). Returns the new (or, with on_conflict="keep", the kept) task."""
-        return scheduling.schedule(
-            self.model, biz_type, biz_id, at=at, delay=delay, attribute=attribute, on_conflict=on_conflict, using=self.db
-        )
+        """Create a task (docs: reference/api). Returns the new task, or with on_conflict="keep" the kept one."""
+        return scheduling.schedule(self.model, biz_type, biz_id, at=at, delay=delay, attribute=attribute,
+                                   on_conflict=on_conflict, using=self.db)
 
     def bulk_schedule(self, items):
         """Schedule many tasks in one transaction from dicts with schedule()'s keys; returns the count."""

@@ -7,6 +7,8 @@ partition under us (a reschedule, or maintenance moving rows out of DEFAULT), an
 is tried again where the row is now.
 """
 
+from functools import partial
+
 from django.db import connections
 
 from . import events, validation
@@ -24,7 +26,7 @@ def _change(task, query, allowed_from, extra=None) -> bool:
     connection = connections[using]
     for _ in range(MOVES_FOLLOWED):
         params = {"job_id": task.job_id, "action_time": task.action_time, **(extra or {})}
-        row = retry_on_conflict(lambda: fetch_one(query, params, using=connection), using=using)
+        row = retry_on_conflict(partial(fetch_one, query, params, using=connection), using=using)
         if row is not None:
             task._apply_row(row)
             return True

@@ -7,7 +7,7 @@ Everything here runs before any SQL, so rejected input stores nothing and a bad 
 import json
 import math
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from .errors import InvalidAttribute, InvalidBizId, InvalidOption, InvalidTime
 
@@ -77,7 +77,7 @@ def action_time(at=None, delay=None):
                 "use django.utils.timezone.now() or attach a tzinfo"
             )
         try:
-            return at.astimezone(timezone.utc), None
+            return at.astimezone(UTC), None
         except (OverflowError, ValueError) as exc:
             raise InvalidTime(f"at={at!r} cannot be converted to UTC: {exc}") from None
     if isinstance(delay, bool) or not isinstance(delay, (timedelta, int, float)):
@@ -89,9 +89,9 @@ def action_time(at=None, delay=None):
             delay = timedelta(seconds=delay)
         except OverflowError:
             raise InvalidTime(f"delay={describe(delay)} (seconds) is out of range") from None
-    now = datetime.now(timezone.utc)
-    earliest = datetime.min.replace(tzinfo=timezone.utc) + DELAY_CLOCK_MARGIN - now
-    latest = datetime.max.replace(tzinfo=timezone.utc) - DELAY_CLOCK_MARGIN - now
+    now = datetime.now(UTC)
+    earliest = datetime.min.replace(tzinfo=UTC) + DELAY_CLOCK_MARGIN - now
+    latest = datetime.max.replace(tzinfo=UTC) - DELAY_CLOCK_MARGIN - now
     if not earliest <= delay <= latest:
         raise InvalidTime(f"delay={delay!r} puts the task outside the years 1 to 9999")
     return None, delay

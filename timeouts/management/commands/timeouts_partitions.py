@@ -13,7 +13,8 @@ class Command(BaseCommand):
             "partitions past RETENTION that hold no unfinished task. Prints every partition and why.")
 
     def add_arguments(self, parser):
-        parser.add_argument("--dry-run", action="store_true", help="Show what would be created and dropped; change nothing.")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="Show what would be created and dropped; change nothing.")
         parser.add_argument("--json", action="store_true", dest="as_json", help="Print the report as JSON.")
         parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
 
