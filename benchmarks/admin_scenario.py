@@ -26,6 +26,8 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
+from timeouts.states import Status, substitute
+
 DEFAULT_NAME = "timeouts_admin_bench"
 DAYS_BACK, DAYS_AHEAD = 15, 14
 BIZ_TYPES = (("order.close", 6000), ("reservation.expire", 2500), ("webhook.retry", 1000),
@@ -36,34 +38,34 @@ TARGET_MS = 300.0
 # relative to now (r: a hash of g in 0..9999). Past: 30% cancelled, 0.05% dead, the rest done;
 # the last 10 minutes also hold a 2% backlog of overdue pending tasks and, in the last 2
 # minutes, dispatched and running ones. Future: 25% cancelled early, the rest pending.
-FILL_SQL = """
+FILL_SQL = substitute("""
 INSERT INTO timeouts_task (biz_type, biz_id, status, action_time, run_at, attribute, attempts, max_attempts, ttr,
                            last_error, lease_until, created_at, modified_at, dispatched_at, started_at, finished_at)
 SELECT biz_type, biz_id, status, t, t, attribute,
-       CASE status WHEN 5 THEN 16 WHEN 2 THEN 1 + (r %% 50 = 0)::int WHEN 4 THEN 1 ELSE 0 END, 16, 60,
-       CASE WHEN status = 5 THEN 'Traceback (most recent call last):' || E'\\n' || '  File "handlers.py", line 12'
+       CASE status WHEN :DEAD THEN 16 WHEN :DONE THEN 1 + (r %% 50 = 0)::int WHEN :RUNNING THEN 1 ELSE 0 END, 16, 60,
+       CASE WHEN status = :DEAD THEN 'Traceback (most recent call last):' || E'\\n' || '  File "handlers.py", line 12'
             || E'\\n' || 'RuntimeError: upstream said 503' ELSE '' END,
-       CASE WHEN status IN (1, 4) THEN %(now)s + interval '60 s' END,
+       CASE WHEN status IN (:DISPATCHED, :RUNNING) THEN %(now)s + interval '60 s' END,
        t - interval '30 min', least(t + late, %(now)s),
-       CASE WHEN status IN (1, 2, 4, 5) THEN t END,
-       CASE WHEN status IN (2, 4, 5) THEN t + late END,
-       CASE WHEN status IN (2, 5) THEN t + late + interval '20 ms'
-            WHEN status = 3 THEN least(t - interval '5 min', %(now)s) END
+       CASE WHEN status IN (:DISPATCHED, :DONE, :RUNNING, :DEAD) THEN t END,
+       CASE WHEN status IN (:DONE, :RUNNING, :DEAD) THEN t + late END,
+       CASE WHEN status IN (:DONE, :DEAD) THEN t + late + interval '20 ms'
+            WHEN status = :CANCELLED THEN least(t - interval '5 min', %(now)s) END
 FROM (
     SELECT g, r, t, late,
            {biz_type} AS biz_type,
            ((g * 2654435761) %% 1000000007)::text AS biz_id,
            jsonb_build_object('reason', 'unpaid', 'n', g %% 100) AS attribute,
-           CASE WHEN t > %(now)s THEN (CASE WHEN r < 2500 THEN 3 ELSE 0 END)
-                WHEN t > %(now)s - interval '2 min' AND r < 100 THEN (CASE WHEN r < 50 THEN 4 ELSE 1 END)
-                WHEN t > %(now)s - interval '10 min' AND r < 300 THEN 0
-                WHEN r < 5 THEN 5 WHEN r < 3005 THEN 3 ELSE 2 END AS status
+           CASE WHEN t > %(now)s THEN (CASE WHEN r < 2500 THEN :CANCELLED ELSE :PENDING END)
+                WHEN t > %(now)s - interval '2 min' AND r < 100 THEN (CASE WHEN r < 50 THEN :RUNNING ELSE :DISPATCHED END)
+                WHEN t > %(now)s - interval '10 min' AND r < 300 THEN :PENDING
+                WHEN r < 5 THEN :DEAD WHEN r < 3005 THEN :CANCELLED ELSE :DONE END AS status
     FROM (SELECT g, (g * 40503) %% 10000 AS r,
                  %(lower)s + (g - %(lo)s) * (interval '1 day' / (%(hi)s - %(lo)s)) AS t,
                  interval '1 ms' * (5 + (g * 13) %% 300) AS late
           FROM generate_series(%(lo)s::bigint, %(hi)s::bigint - 1) AS g) AS base
 ) AS rows
-"""
+""")
 
 
 def _biz_type_case():
@@ -170,22 +172,22 @@ def fill(connection, rows, *, now=None, rebuild_indexes=True, log=_say) -> dict:
 def scenarios(connection):
     """(name, url) of every page timed; ids come from the data."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT job_id, biz_id FROM timeouts_task WHERE status = 5 AND action_time <= now() "
-                       "ORDER BY action_time DESC LIMIT 1")
+        cursor.execute("SELECT job_id, biz_id FROM timeouts_task WHERE status = %s AND action_time <= now() "
+                       "ORDER BY action_time DESC LIMIT 1", [Status.DEAD])
         dead_job, dead_biz = cursor.fetchone()
     base = "/admin/timeouts/timeouttask/"
     pages = [("changelist, default (newest first)", base), ("oldest first (o=5)", base + "?o=5"),
              ("page 2", base + "?p=2"), ("page 100 (the last offered)", base + "?p=100")]
-    pages += [(f"status = {label}", f"{base}?status={value}") for value, label in
-              ((0, "pending"), (1, "dispatched"), (4, "running"), (2, "done"), (3, "cancelled"), (5, "dead"))]
-    pages += [("status = pending, oldest first", base + "?status=0&o=5"),
-              ("status = done, oldest first", base + "?status=2&o=5")]
+    pages += [(f"status = {state.label.lower()}", f"{base}?status={state.value}") for state in
+              (Status.PENDING, Status.DISPATCHED, Status.RUNNING, Status.DONE, Status.CANCELLED, Status.DEAD)]
+    pages += [("status = pending, oldest first", f"{base}?status={Status.PENDING.value}&o=5"),
+              ("status = done, oldest first", f"{base}?status={Status.DONE.value}&o=5")]
     pages += [(f"biz_type = {name}", f"{base}?biz_type={name}") for name in ("order.close", "audit.rare")]
     pages += [("biz_type with no task", f"{base}?biz_type=no.such.type")]
     pages += [(f"due: {value}", f"{base}?due={value}") for value in ("overdue", "next_hour", "today")]
-    pages += [("dead + biz_type", base + "?status=5&biz_type=order.close"),
-              ("pending + biz_type", base + "?status=0&biz_type=order.close"),
-              ("pending + rare biz_type", base + "?status=0&biz_type=audit.rare"),
+    pages += [("dead + biz_type", f"{base}?status={Status.DEAD.value}&biz_type=order.close"),
+              ("pending + biz_type", f"{base}?status={Status.PENDING.value}&biz_type=order.close"),
+              ("pending + rare biz_type", f"{base}?status={Status.PENDING.value}&biz_type=audit.rare"),
               ("search: job id", f"{base}?q={dead_job}"), ("search: biz_id", f"{base}?q={dead_biz}"),
               ("detail page", f"{base}{dead_job}/change/")]
     return pages

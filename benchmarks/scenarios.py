@@ -12,6 +12,7 @@ import time
 from datetime import timedelta
 
 from timeouts.conf import get_settings
+from timeouts.states import Status
 
 from . import stats
 from .database import reset
@@ -129,8 +130,8 @@ def _publish(ctx, procs, path) -> dict:
         procs.env.pop("TIMEOUTS_MAX_DISPATCHED", None)
 
     def claimed():
-        return ctx.conn.execute("SELECT count(*) FROM timeouts_task WHERE biz_type = %s AND status = 1",
-                                (NOOP,)).fetchone()[0]
+        return ctx.conn.execute("SELECT count(*) FROM timeouts_task WHERE biz_type = %s AND status = %s",
+                                (NOOP, Status.DISPATCHED)).fetchone()[0]
 
     try:
         wait_until(lambda: claimed() >= target, cfg.drain_timeout, procs.check, f"{target} claims")

@@ -4,6 +4,8 @@ import random
 import time
 from datetime import timedelta
 
+from timeouts.states import Status
+
 from .handlers import DIRECT_TASK, NOOP, PROBE, WARM_TASK
 from .progress import Progress
 
@@ -96,8 +98,8 @@ def probe_path(alias, conn, *, count, check, timeout):
     now = db_now(conn)
     for key in range(count):
         _manager(alias).schedule(PROBE, biz_id=f"probe-{key}", at=now)
-    wait_until(lambda: conn.execute("SELECT count(*) FROM timeouts_task WHERE biz_type = %s AND status = 2",
-                                    (PROBE,)).fetchone()[0] >= count,
+    wait_until(lambda: conn.execute("SELECT count(*) FROM timeouts_task WHERE biz_type = %s AND status = %s",
+                                    (PROBE, Status.DONE)).fetchone()[0] >= count,
                timeout, check, "the probe tasks to run through the path under test")
 
 

@@ -17,10 +17,12 @@ django.setup()
 
 from django.db.models import Model  # noqa: E402  needs the settings above
 
+import timeouts  # noqa: E402
+
 project = "timeouts"
 author = "the timeouts authors"
 copyright = "the timeouts authors"
-release = "0.1.0"
+release = timeouts.__version__
 
 extensions = [
     "myst_parser",

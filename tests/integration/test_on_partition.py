@@ -47,17 +47,6 @@ def test_the_claim_names_the_partition_and_the_worker_updates_it_directly(starts
     assert starts.count() == 1
 
 
-def test_messages_without_a_partition_still_run(starts):
-    # Sent by a dispatcher from before messages carried it.
-    claim = claim_one()
-    with CaptureQueriesContext(connection) as captured:
-        assert running.run(claim.job_id, claim.action_time.isoformat(), claim.attempt) == "done"
-    assert updates_of(captured) == ["timeouts_task", "timeouts_task"]
-    second = claim_one(biz_id=2)
-    assert batches.run_batch([second.batch_item()[:4]]) == "1 done"
-    assert starts.count() == 2
-
-
 @pytest.mark.parametrize("partition", [
     "timeouts_task_d19990101",  # no such table
     "timeouts_task; DROP TABLE timeouts_task",  # never spliced into SQL
