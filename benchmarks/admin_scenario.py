@@ -57,7 +57,8 @@ FROM (
            ((g * 2654435761) %% 1000000007)::text AS biz_id,
            jsonb_build_object('reason', 'unpaid', 'n', g %% 100) AS attribute,
            CASE WHEN t > %(now)s THEN (CASE WHEN r < 2500 THEN :CANCELLED ELSE :PENDING END)
-                WHEN t > %(now)s - interval '2 min' AND r < 100 THEN (CASE WHEN r < 50 THEN :RUNNING ELSE :DISPATCHED END)
+                WHEN t > %(now)s - interval '2 min' AND r < 100
+                    THEN (CASE WHEN r < 50 THEN :RUNNING ELSE :DISPATCHED END)
                 WHEN t > %(now)s - interval '10 min' AND r < 300 THEN :PENDING
                 WHEN r < 5 THEN :DEAD WHEN r < 3005 THEN :CANCELLED ELSE :DONE END AS status
     FROM (SELECT g, (g * 40503) %% 10000 AS r,

@@ -74,7 +74,8 @@ def cell(summary, metric):
 def sections(result) -> list[tuple[str, list, list]]:
     """(title, headers, rows) of every table, for the text and the markdown renderings."""
     s, cfg, out = result["summary"], result["config"], []
-    timed = [(sc, p) for sc in ("spread", "burst", "drain", "publish") for p in ("scan", "dispatcher", "celery") if p in s.get(sc, {})]
+    timed = [(sc, p) for sc in ("spread", "burst", "drain", "publish") for p in ("scan", "dispatcher", "celery")
+             if p in s.get(sc, {})]
     if timed:
         out.append(("Lateness (started_at - action_time, database clock, ms) and throughput (tasks/s)",
                     ["scenario", "path", "p50", "p90", "p99", "max", "missing", "dup", "early", "sched/s",
@@ -125,10 +126,11 @@ def _header(result) -> list[str]:
 
 
 def _text_table(headers, rows) -> list[str]:
-    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows, strict=True)]
 
     def line(cols):
-        return "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cols, widths)))
+        cells = enumerate(zip(cols, widths, strict=True))
+        return "  ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w) for i, (c, w) in cells)
 
     return [line(headers), line(["-" * w for w in widths]), *[line(r) for r in rows]]
 

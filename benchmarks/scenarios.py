@@ -11,7 +11,6 @@ Every run (but publish) starts a fresh worker and warms it; all its processes st
 import time
 from datetime import timedelta
 
-from timeouts.conf import get_settings
 from timeouts.states import Status
 
 from . import stats

@@ -100,7 +100,8 @@ def run(ctx, rep) -> dict:
         "single_notify_vs_raw_insert_notify": _ratio(results["single_notify"].get("sched_per_s"),
                                                      results.get("raw_insert_notify", {}).get("sched_per_s")),
         "bulk_vs_raw_copy": _ratio(results["bulk"].get("sched_per_s"), results["raw_copy"]["sched_per_s"]),
-        "bulk_notify_vs_raw_copy": _ratio(results["bulk_notify"].get("sched_per_s"), results["raw_copy"]["sched_per_s"]),
+        "bulk_notify_vs_raw_copy": _ratio(results["bulk_notify"].get("sched_per_s"),
+                                          results["raw_copy"]["sched_per_s"]),
     }
     return results
 
@@ -140,7 +141,7 @@ def _single_row(ctx, listener) -> dict:
             "raw_insert_notify": "raw INSERT + NOTIFY (autocommit)"}
     results = {name: {"sched_api": apis[name], "sched_per_s": round(n / seconds[name]), "n": n, "turns": TURNS,
                       "notifications": notifications[name]} for name in seconds}
-    for name, notify in SINGLE_VARIANTS:
+    for name, _notify in SINGLE_VARIANTS:
         if name not in results:
             results[name] = {"n": n, "skipped": NEVER_NOTIFIED}
     return results

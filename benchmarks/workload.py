@@ -47,7 +47,7 @@ def schedule_single(alias, times, *, biz_type=NOOP, label="schedule()") -> dict:
 def schedule_each(alias, keys, times, *, biz_type=NOOP):
     """schedule() once per task, nothing else (the schedule throughput scenario times it)."""
     manager = _manager(alias)
-    for key, at in zip(keys, times):
+    for key, at in zip(keys, times, strict=True):
         manager.schedule(biz_type, biz_id=key, at=at)
 
 
@@ -87,7 +87,8 @@ def warm_worker(app, conn, *, count, check, timeout=90.0):
     their connections. Their start rows (negative keys) are then deleted."""
     for key in range(1, count + 1):
         app.signature(WARM_TASK, args=(-key,)).apply_async()
-    wait_until(lambda: conn.execute("SELECT count(*) FROM timeouts_bench_start WHERE job_id < 0").fetchone()[0] >= count,
+    warmed = "SELECT count(*) FROM timeouts_bench_start WHERE job_id < 0"
+    wait_until(lambda: conn.execute(warmed).fetchone()[0] >= count,
                timeout, check, "the Celery worker to run its warm-up messages")
     conn.execute("DELETE FROM timeouts_bench_start WHERE job_id < 0")
 

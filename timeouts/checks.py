@@ -11,8 +11,8 @@ mistakes that would otherwise show up later as tasks that never run.
 | timeouts.W001 | warning | no Celery app is loaded with Django |
 | timeouts.W002 | warning | the Celery app's beat_schedule lacks timeouts.scan or timeouts.maintain |
 | timeouts.W003 | warning | a handler's queue is not among the Celery app's task_queues |
-| timeouts.W004 | warning | handlers' ORM queries open a new connection per Celery task (no CELERY_DB_REUSE_MAX, or CONN_MAX_AGE 0) |
-| timeouts.W005 | warning | the Celery app is not wired by timeouts.celery.setup(), or a setting it applies was overridden |
+| timeouts.W004 | warning | handlers' ORM queries open a connection per Celery task (no DB reuse, CONN_MAX_AGE 0) |
+| timeouts.W005 | warning | the Celery app is not wired by timeouts.celery.setup(), or a setting it sets differs |
 """
 
 from datetime import timedelta
@@ -67,7 +67,7 @@ def check_settings(app_configs=None, **kwargs):
                 for key in sorted(set(given) - conf.KEYS)]
     values = SimpleNamespace(**{**{key: getattr(conf.Settings, key) for key in conf.KEYS},
                                 **{key: value for key, value in given.items() if key in conf.KEYS}})
-    problems += [Error(f"TIMEOUTS setting: {message}.", hint="See the settings reference in the docs (reference/settings).",
+    problems += [Error(f"TIMEOUTS setting: {message}.", hint="See the settings reference (docs: reference/settings).",
                        id="timeouts.E003")
                  for message in conf._problems(values)]
     partition = PARTITION_SECONDS.get(values.PARTITION_INTERVAL)
@@ -167,7 +167,8 @@ def _check_connection_reuse(app):
 
     causes = [] if app.conf.get("CELERY_DB_REUSE_MAX") else ["CELERY_DB_REUSE_MAX is unset"]  # the fixup's lookup
     causes += [f"CONN_MAX_AGE is 0 for the database {alias!r}" for alias in connections
-               if router.allow_migrate_model(alias, TimeoutTask) and not connections.settings[alias].get("CONN_MAX_AGE")]
+               if router.allow_migrate_model(alias, TimeoutTask)
+               and not connections.settings[alias].get("CONN_MAX_AGE")]
     if not causes:
         return []
     return [Warning(

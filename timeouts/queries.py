@@ -1,8 +1,8 @@
 """Named SQL queries, read once from the files in QUERY_FILES.
 
-Every runtime query lives under a `-- name: <name>` header in `sql/queries.sql` (tasks) or
-`sql/partitions.sql` (partition maintenance) or `sql/dispatcher.sql` (the dispatcher), so the SQL that runs in production can be read,
-reviewed and EXPLAINed in one place. Two kinds of variant are derived from them here, by one checked
+Every runtime query lives under a `-- name: <name>` header in one of the QUERY_FILES of `sql/`
+(tasks, partition maintenance, the dispatcher, stats), so the SQL that runs in production can be
+read, reviewed and EXPLAINed in one place. Two kinds of variant are derived from them here, by one checked
 text replacement each, rather than written out again: insert_task_autocommit, and the worker's
 updates run on one partition (on_partition()).
 """
@@ -26,7 +26,7 @@ _HEADER = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
 def parse(text: str) -> dict[str, str]:
     parts = _HEADER.split(text)
     queries = {}
-    for name, body in zip(parts[1::2], parts[2::2]):
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
         if name in queries:
             raise ValueError(f"query {name!r} is defined twice")
         queries[name] = body.strip()
@@ -178,7 +178,7 @@ def _kept_cursor(db, name):
 def fetch_dicts(name, params=None, *, using=None, partition=None) -> list[dict]:
     with execute(name, params, using=using, partition=partition) as cursor:
         columns = _column_names(cursor)
-        return [dict(zip(columns, row)) for row in cursor.fetchall()]
+        return [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
 
 
 def _column_names(cursor) -> list[str]:

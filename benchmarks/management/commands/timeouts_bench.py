@@ -44,7 +44,8 @@ class Command(BaseCommand):
         add("--markdown", default="", help="also write the results as markdown tables (for the docs' benchmark page)")
         add("--dispatcher-arg", action="append", default=[], dest="dispatcher_args",
             help="an argument for `timeouts_dispatcher` (repeatable)")
-        add("--peers", type=_names, default=(), help=f"also run the peer harness: comma-separated, of {','.join(PEER_SYSTEMS)}")
+        add("--peers", type=_names, default=(),
+            help=f"also run the peer harness: comma-separated, of {','.join(PEER_SYSTEMS)}")
         add("--peers-src", default=str(settings.BASE_DIR.parent / "shared" / "bench" / "peers")
             if hasattr(settings, "BASE_DIR") else "", help="the peer harness's files")
         add("--peers-dir", default=d.peers_dir, help="where the harness runs, with its virtualenv")

@@ -72,7 +72,7 @@ class Command(BaseCommand):
             orders.append((order, task))
             self.stdout.write(f"order #{order.pk}: created, timeout job {task.job_id} due at "
                               f"{hms(task.action_time)} UTC (in {delay:g} s)")
-        for n, (order, task) in enumerate(orders, start=1):
+        for n, (order, _task) in enumerate(orders, start=1):
             if options["pay_every"] and n % options["pay_every"] == 0:
                 with transaction.atomic():
                     Order.objects.filter(pk=order.pk).update(paid=True, status=Order.Status.PAID)
