@@ -7,6 +7,7 @@ from project.settings import *  # noqa: F403
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]  # noqa: F405
 CELERY_BROKER_URL = os.environ.get("TIMEOUTS_TEST_BROKER_URL", "redis://127.0.0.1:6379/13")
 CELERY_BROKER_TRANSPORT_OPTIONS = broker_transport_options(CELERY_BROKER_URL)  # noqa: F405
+CELERY_WORKER_TIMER_PRECISION = worker_timer_precision(CELERY_BROKER_URL)  # noqa: F405
 # Celery lets the CELERY_BROKER_URL environment variable override the setting (bin/test exports the
 # project's broker there): pin it to the test broker for this process and every child it starts.
 os.environ["CELERY_BROKER_URL"] = CELERY_BROKER_URL
