@@ -13,7 +13,9 @@ from weakref import WeakKeyDictionary
 
 from kombu import Exchange, Queue
 
+from .celery_calls import cancel  # noqa: F401  (timeouts.celery.cancel(task_id))
 from .conf import get_settings
+from .durable import DurableTask  # noqa: F401  (timeouts.celery.DurableTask)
 
 MAINTAIN_INTERVAL = 60.0  # seconds; partitions are created days ahead, leases are also recovered by scans
 BEAT_TASKS = ("timeouts.scan", "timeouts.maintain")

@@ -17,6 +17,7 @@ from kombu.utils.uuid import uuid
 
 from . import faults
 from .batches import BUDGET
+from .celery_calls import is_call, publish_calls
 from .claiming import release
 from .conf import get_settings
 from .registry import find_handler
@@ -47,7 +48,37 @@ ETA_HEADROOM = timedelta(milliseconds=4)
 
 
 def publish(claims) -> int:
-    """Publish the claims; on a broker error, release what was not sent and re-raise.
+    """Publish the claims; on a broker error, release what was not sent and re-raise. Claims of
+    stored Celery calls (DurableTask) go as their tasks' own messages (celery_calls.py), the
+    others as below."""
+    calls = [claim for claim in claims if is_call(claim.biz_type)]
+    if not calls:
+        return _publish_runs(claims)
+    runs = [claim for claim in claims if not is_call(claim.biz_type)]
+    try:
+        sent = _publish_runs(runs) if runs else 0
+    except Exception:
+        release(calls)
+        raise
+    return sent + _publish_calls(calls)
+
+
+def _publish_calls(claims) -> int:
+    app = current_app
+    sent = 0
+    try:
+        with app.producer_or_acquire() as producer:
+            for _ in publish_calls(app, claims, producer, RETRY_POLICY, ETA_HEADROOM):
+                sent += 1
+    except Exception:
+        logger.exception("timeouts: publishing failed; releasing %d unpublished claims", len(claims) - sent)
+        release(claims[sent:])
+        raise
+    return sent
+
+
+def _publish_runs(claims) -> int:
+    """Publish the claims of handlers' tasks; on a broker error, release what was not sent and re-raise.
 
     Claims of one queue and TTR go out together, up to RUN_BATCH_SIZE per `timeouts.run_batch` message (a
     due claim alone: a `timeouts.run` message). Messages are built and sent with the same Celery calls
@@ -84,8 +115,8 @@ def publish(claims) -> int:
                         eta -= ETA_HEADROOM
                 message = amqp.create_task_message(uuid(), name, args, {}, eta=eta, time_limit=time_limit,
                                                    argsrepr=_args_repr(args, amqp.argsrepr_maxsize), kwargsrepr="{}")
-                amqp.send_task_message(producer, name, message, retry=True, retry_policy=RETRY_POLICY, serializer="json",
-                                       **routes[queue])
+                amqp.send_task_message(producer, name, message, retry=True, retry_policy=RETRY_POLICY,
+                                       serializer="json", **routes[queue])
         # Leaving the pipeline flushed it: every message is in the broker now.
         for _ in claims:
             faults.fault("publish.after_send")  # tests: a send that worked but reports a failure

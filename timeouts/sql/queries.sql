@@ -255,3 +255,46 @@ SET status = CASE WHEN t.status = :RUNNING AND t.attempts >= t.max_attempts THEN
 FROM expired, (SELECT clock_timestamp() AS now) AS c
 WHERE t.job_id = expired.job_id AND t.action_time = expired.action_time
 RETURNING t.job_id, t.status, t.biz_type, timeouts_notify_v1(%(channel)s, CASE WHEN t.status = :PENDING THEN t.run_at END, c.now) AS notified;
+
+
+-- Calls of Celery tasks stored by DurableTask (timeouts/celery_calls.py): rows whose biz_type starts
+-- with "celery:", whose biz_id is the Celery task_id and whose attribute is the call.
+
+-- name: claimed_calls
+-- The calls of claimed rows, read after the claim committed: the claim returns no attribute, which
+-- the handlers' rows, the most, do not need.
+SELECT t.job_id, t.attribute
+FROM timeouts_task AS t
+JOIN unnest(%(job_ids)s::bigint[], %(action_times)s::timestamptz[]) AS r(job_id, action_time)
+  ON t.job_id = r.job_id AND t.action_time = r.action_time;
+
+
+-- name: expire_claim
+-- A claimed call whose Celery `expires` has passed: never published, never run, and says why.
+UPDATE timeouts_task
+SET status = :CANCELLED, finished_at = c.now, modified_at = c.now, lease_until = NULL, last_error = %(error)s
+FROM (SELECT clock_timestamp() AS now) AS c
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status = :DISPATCHED
+RETURNING job_id;
+
+
+-- name: end_call
+-- A started call's outcome, fenced as finish_task: DONE when the task returned or handed itself on
+-- to a retry (a call of its own), DEAD when it raised (Celery records the failure; an operator may
+-- requeue it). `status` is one of those two.
+UPDATE timeouts_task
+SET status = %(status)s, finished_at = c.now, modified_at = c.now, lease_until = NULL, last_error = %(error)s
+FROM (SELECT clock_timestamp() AS now) AS c
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s
+  AND (status, attempts) IS NOT DISTINCT FROM (:RUNNING, %(attempt)s) AND %(status)s IN (:DONE, :DEAD)
+RETURNING job_id;
+
+
+-- name: cancel_call
+-- Every waiting call of one Celery task_id (a retry keeps the task_id), by the (biz_id, biz_type)
+-- index. Fenced by the worker's compare-and-set as cancel_task is.
+UPDATE timeouts_task
+SET status = :CANCELLED, finished_at = c.now, modified_at = c.now, lease_until = NULL
+FROM (SELECT clock_timestamp() AS now) AS c
+WHERE biz_id = %(task_id)s AND biz_type LIKE 'celery:%%' AND status IN (:PENDING, :DISPATCHED)
+RETURNING job_id, biz_type;

@@ -1,0 +1,145 @@
+"""DurableTask's producer side on the real database and broker, without a worker: what a call
+stores, what it publishes directly, and the message the scan publishes when the call is due."""
+
+import base64
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from celery import current_app
+from django.db import transaction
+
+import timeouts.celery
+from tests.testapp import tasks
+from timeouts import InvalidAttribute, TimeoutsError
+from timeouts.celery_calls import FENCE_HEADER, PREFIX, biz_type_for
+from timeouts.models import TimeoutTask
+from timeouts.registry import BIZ_TYPE_RE
+from timeouts.scan import scan
+
+Status = TimeoutTask.Status
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def calls():
+    return list(TimeoutTask.objects.filter(biz_type__startswith=PREFIX).order_by("job_id"))
+
+
+def messages(broker, queue="celery"):
+    """The messages waiting in a Redis queue, oldest first, as (headers, [args, kwargs, embed], properties).
+    (kombu keeps a priority's messages in a list of their own, named after the queue.)"""
+    found = []
+    keys = [queue.encode()] + sorted(key for key in broker.keys(queue + "\x06\x16*"))
+    for raw in (raw for key in keys for raw in reversed(broker.lrange(key, 0, -1))):
+        payload = json.loads(raw)
+        found.append((payload["headers"], json.loads(base64.b64decode(payload["body"])), payload["properties"]))
+    return found
+
+
+@pytest.fixture
+def queues(broker):
+    broker.flushdb()
+    yield broker
+    broker.flushdb()
+
+
+def test_a_countdown_call_is_stored_not_sent(queues):
+    before = datetime.now(UTC)
+    result = tasks.record.apply_async((1, "a"), {"k": [1, 2]}, countdown=60)
+    [row] = calls()
+    assert (row.biz_type, row.biz_id, row.status) == ("celery:tests.durable.record", result.id, Status.PENDING)
+    assert before + timedelta(seconds=60) <= row.action_time <= datetime.now(UTC) + timedelta(seconds=60)
+    assert row.attribute["task"] == "tests.durable.record"
+    assert (row.attribute["args"], row.attribute["kwargs"]) == ([1, "a"], {"k": [1, 2]})
+    assert messages(queues) == []
+
+
+def test_calls_without_eta_or_already_due_are_published_as_celery_does(queues):
+    sent = [tasks.record.delay(1), tasks.record.apply_async((2,), countdown=0),
+            tasks.record.apply_async((3,), eta=datetime.now(UTC) - timedelta(seconds=1))]
+    assert calls() == []
+    found = messages(queues)
+    assert [headers["id"] for headers, _, _ in found] == [result.id for result in sent]
+    assert [body[0] for _, body, _ in found] == [[1], [2], [3]]
+    assert all(FENCE_HEADER not in headers for headers, _, _ in found)
+
+
+def test_an_eta_call_is_due_at_its_eta():
+    eta = datetime.now(UTC) + timedelta(minutes=5)
+    tasks.record.apply_async((1,), eta=eta)
+    tasks.record.apply_async((2,), eta=eta.isoformat())
+    assert [row.action_time for row in calls()] == [eta, eta]
+
+
+def test_a_rolled_back_call_was_never_stored():
+    with pytest.raises(RuntimeError), transaction.atomic():
+        tasks.record.apply_async((1,), countdown=60)
+        assert len(calls()) == 1
+        raise RuntimeError
+    assert calls() == []
+
+
+@pytest.mark.parametrize("args", [(object(),), (float("nan"),), ("nul\x00",), ("x" * 70_000,)],
+                         ids=["object", "nan", "nul", "too-large"])
+def test_what_json_cannot_carry_is_refused_with_schedules_error_and_nothing_stored(args):
+    with pytest.raises(InvalidAttribute, match="tests.durable.record"):
+        tasks.record.apply_async(args, countdown=60)
+    assert calls() == []
+    assert issubclass(InvalidAttribute, TimeoutsError)
+
+
+def test_cancel_by_task_id_is_final():
+    result = tasks.record.apply_async((1,), countdown=60)
+    assert timeouts.celery.cancel(result.id) is True
+    assert timeouts.celery.cancel(result) is False  # nothing left waiting
+    assert [row.status for row in calls()] == [Status.CANCELLED]
+    assert timeouts.celery.cancel("no-such-task-id") is False
+
+
+def test_the_due_call_is_published_as_its_own_message_with_the_fence(queues):
+    result = tasks.record.apply_async((1, Decimal("2.5")), {"when": datetime(2030, 1, 2, tzinfo=UTC)},
+                                      countdown=0.2, queue="timeouts-test-other", priority=3, headers={"mine": "x"})
+    time.sleep(0.3)
+    scan()
+    [row] = calls()
+    assert row.status == Status.DISPATCHED
+    assert messages(queues) == []
+    [(headers, (args, kwargs, embed), properties)] = messages(queues, "timeouts-test-other")
+    assert (headers["id"], headers["task"], headers["eta"]) == (result.id, "tests.durable.record", None)
+    assert headers["mine"] == "x"
+    assert headers[FENCE_HEADER][:3] == [row.job_id, row.action_time.isoformat(), 1]
+    assert args[0] == 1 and args[1] == {"__type__": "decimal", "__value__": "2.5"}  # Celery's own JSON
+    assert kwargs["when"]["__type__"] == "datetime"
+    assert properties["priority"] == 3 and properties["correlation_id"] == result.id
+
+
+def test_an_expired_call_is_not_sent_and_says_so(queues):
+    tasks.record.apply_async((1,), countdown=0.2, expires=0.1)
+    time.sleep(0.3)
+    scan()
+    [row] = calls()
+    assert row.status == Status.CANCELLED and "expired" in row.last_error
+    assert messages(queues) == []
+
+
+def test_a_fence_in_the_callers_headers_is_not_stored():
+    tasks.record.apply_async((1,), countdown=60, headers={FENCE_HEADER: [1, "x", 1, None], "mine": 1})
+    [row] = calls()
+    assert row.attribute["headers"] == {"mine": 1}
+
+
+def test_celerys_own_tasks_keep_celerys_ways(queues):
+    current_app.loader.import_default_modules()
+    unlock = current_app.tasks["celery.chord_unlock"]
+    unlock.apply_async(("group-id", {"task": "x"}), countdown=30)
+    assert calls() == []
+
+
+def test_a_task_name_that_is_no_biz_type_is_cut_and_told_apart():
+    long_a, long_b = "x." * 40 + "a", "x." * 40 + "b"
+    for name in (long_a, long_b, "tâche spéciale"):
+        assert BIZ_TYPE_RE.fullmatch(biz_type_for(name))
+    assert biz_type_for(long_a) != biz_type_for(long_b)
+    assert biz_type_for("shop.tasks.charge") == "celery:shop.tasks.charge"

@@ -1,0 +1,69 @@
+"""Celery tasks of the tests that use `timeouts.celery.DurableTask`. Each records its run (task_id,
+arguments, the queue it came from, the database clock) through the recorder's own connection, so a
+run leaves its trace whatever happens to the worker afterwards."""
+
+import json
+import time
+
+from celery import shared_task
+from psycopg.types.json import Jsonb
+
+from timeouts.celery import DurableTask
+
+from .recorder import _connection
+
+CALLS_TABLE_SQL = """
+CREATE TABLE IF NOT EXISTS timeouts_test_call (
+    task_id text NOT NULL,
+    name text NOT NULL,
+    args jsonb NOT NULL,
+    kwargs jsonb NOT NULL,
+    routing_key text,
+    retries integer NOT NULL,
+    started_at timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+
+
+def record_call(task, args, kwargs):
+    delivery = task.request.delivery_info or {}
+    _connection().execute(
+        "INSERT INTO timeouts_test_call (task_id, name, args, kwargs, routing_key, retries) "
+        "VALUES (%s, %s, %s, %s, %s, %s)",
+        (task.request.id, task.name, Jsonb(json.loads(json.dumps(args, default=str))),
+         Jsonb(json.loads(json.dumps(kwargs, default=str))), delivery.get("routing_key"), task.request.retries),
+    )
+
+
+@shared_task(base=DurableTask, bind=True, name="tests.durable.record")
+def record(self, *args, **kwargs):
+    record_call(self, args, kwargs)
+    return list(args)
+
+
+@shared_task(base=DurableTask, bind=True, name="tests.durable.add", ignore_result=False)
+def add(self, x, y):
+    record_call(self, [x, y], {})
+    return x + y
+
+
+@shared_task(base=DurableTask, bind=True, name="tests.durable.retry_once", max_retries=3)
+def retry_once(self, countdown):
+    """Runs, then asks to run again `countdown` seconds later, once."""
+    record_call(self, [countdown], {})
+    if self.request.retries == 0:
+        raise self.retry(countdown=countdown)
+    return "retried"
+
+
+@shared_task(base=DurableTask, bind=True, name="tests.durable.fail")
+def fail(self):
+    record_call(self, [], {})
+    raise RuntimeError("failing on purpose")
+
+
+@shared_task(base=DurableTask, bind=True, name="tests.durable.slow", ttr=3)
+def slow(self, seconds):
+    """Sleeps on its first attempt (so a test can kill its worker mid-run)."""
+    record_call(self, [seconds], {})
+    time.sleep(seconds)

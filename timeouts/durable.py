@@ -1,0 +1,152 @@
+"""`DurableTask`: a Celery Task base class whose eta/countdown calls wait in `timeouts_task`
+instead of a broker or a worker's memory (importable as `timeouts.celery.DurableTask`).
+
+    app = Celery("proj", task_cls="timeouts.celery:DurableTask")   # every task of the app
+    @app.task(base=DurableTask)                                    # or one task
+
+- `apply_async` (and `delay`, signatures, `retry`) with an `eta` or `countdown` that is not yet due,
+  by the caller's clock as Celery reckons it: the call becomes a row (celery_calls.py) in the
+  caller's transaction, and the usual AsyncResult comes back. Anything else, and Celery's own
+  `celery.*` tasks (chord_unlock polls with a countdown): Celery's apply_async, unchanged.
+- At its time the row is claimed and the task's own message published, with the row's fence. The
+  worker starts the task only if the message still owns the row's current attempt (the
+  compare-and-set of `timeouts.run`): a message published twice runs once, and a cancel that
+  returned True wins. The row then records the outcome: DONE when the task returned, raised
+  Retry (the retry is a call of its own, with the same task_id), Ignore or Reject; DEAD with the
+  traceback when it raised anything else (Celery records the FAILURE as usual; an operator may
+  requeue the row). A worker lost mid-run leaves the row RUNNING: its lease (the call's hard time
+  limit, else the task's `ttr`, else DEFAULT_TTR) runs out and the call runs again.
+"""
+
+import logging
+import traceback
+from datetime import datetime, timedelta
+
+from celery import Task
+from celery.exceptions import Ignore, Reject, Retry
+from celery.utils.time import maybe_make_aware
+from dateutil.parser import isoparse
+from kombu.utils.uuid import uuid
+
+from . import celery_calls
+from .celery_calls import FENCE_HEADER
+
+logger = logging.getLogger(__name__)
+
+# Celery's own tasks (celery.chord_unlock, celery.backend_cleanup, ...) keep Celery's ways.
+CELERY_INTERNAL = "celery."
+MAX_ERROR_LENGTH = 20_000
+
+
+class DurableTask(Task):
+    """A Celery task whose not-yet-due eta/countdown calls are stored durably by timeouts."""
+
+    #: Seconds a started call may run before it counts as lost and runs again (its lease). None:
+    #: the call's hard time limit, if it has one, else TIMEOUTS["DEFAULT_TTR"].
+    ttr = None
+
+    def apply_async(self, args=None, kwargs=None, task_id=None, producer=None, link=None, link_error=None,
+                    shadow=None, **options):
+        headers = options.get("headers")
+        if headers and FENCE_HEADER in headers:
+            # A retry copies the request's headers: the fence belongs to the message that ran.
+            options["headers"] = {key: value for key, value in headers.items() if key != FENCE_HEADER}
+        app = self._get_app()
+        eta = None
+        if not app.conf.task_always_eager and not self.name.startswith(CELERY_INTERNAL):
+            eta = _not_yet_due(app, options.get("eta"), options.get("countdown"))
+        if eta is None:
+            return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+        return self._store(app, args, kwargs, task_id, link, link_error, shadow, eta, options)
+
+    def _store(self, app, args, kwargs, task_id, link, link_error, shadow, eta, options):
+        """What Task.apply_async does before it calls send_task, then the row instead of a message."""
+        if self.soft_time_limit and self.time_limit and self.soft_time_limit > self.time_limit:
+            raise ValueError("soft_time_limit must be less than or equal to time_limit")
+        if self.typing:
+            check_arguments = getattr(self, "__header__", None)
+            if check_arguments is not None:
+                check_arguments(*(args or ()), **(kwargs or {}))
+        shadow = shadow or self.shadow_name(args, kwargs, options)
+        options = dict(self._get_exec_options(), **options)
+        if self._dump_pydantic_arguments is not None:
+            args, kwargs = self._dump_pydantic_arguments(args, kwargs)
+        options.setdefault("ignore_result", self.ignore_result)
+        task_id = task_id or uuid()
+        celery_calls.store(app, self.name, args, kwargs, task_id, eta,
+                           {**options, "link": link, "link_error": link_error, "shadow": shadow}, ttr=self.ttr)
+        result = self.AsyncResult(task_id)
+        result.ignored = options["ignore_result"]
+        if options.get("add_to_parent", True):
+            parent = app.current_worker_task
+            if parent:
+                parent.add_trail(result)
+        return result
+
+    def __call__(self, *args, **kwargs):
+        request = self.request
+        fence = None if request.called_directly else (request.headers or {}).get(FENCE_HEADER)
+        if not fence:
+            return super().__call__(*args, **kwargs)
+        return _run_fenced(self, fence, super().__call__, args, kwargs)
+
+
+def _not_yet_due(app, eta, countdown):
+    """The call's ETA (aware), as Celery works it out, if it is still to come; else None."""
+    now = app.now()
+    if countdown:  # Celery: a countdown wins over an eta
+        eta = now + timedelta(seconds=countdown)
+    elif not eta:
+        return None
+    elif isinstance(eta, str):
+        eta = isoparse(eta)
+    eta = maybe_make_aware(eta, tz=app.timezone)
+    return eta if eta > now else None
+
+
+def _run_fenced(task, fence, body, args, kwargs):
+    """The worker's side: the compare-and-set start, the body, the outcome."""
+    from . import events, own_connection, running
+    from .queries import is_partition_name
+
+    job_id, action_time, attempt, partition = fence
+    key = {"job_id": job_id, "action_time": datetime.fromisoformat(action_time)}
+    partition = partition if is_partition_name(partition) else None
+    with own_connection.used():
+        row = running.start(key, attempt, 0.0, partition)
+    if row is None:
+        logger.info("timeouts: dropped a stale message of %s[%s] (job %s attempt %s)",
+                    task.name, task.request.id, job_id, attempt)
+        raise Ignore()
+    events.started(row, attempt)
+    try:
+        result = body(*args, **kwargs)
+    except Retry as exc:
+        _end(row, key, attempt, row.Status.DONE, f"retried: {exc}")
+        raise
+    except (Ignore, Reject) as exc:
+        _end(row, key, attempt, row.Status.DONE, f"{type(exc).__name__}: {exc}")
+        raise
+    except Exception:
+        _end(row, key, attempt, row.Status.DEAD, traceback.format_exc()[-MAX_ERROR_LENGTH:])
+        raise
+    _end(row, key, attempt, row.Status.DONE, "")
+    return result
+
+
+def _end(row, key, attempt, status, error):
+    """Record the outcome; a failure to record it is logged, not raised: the task's own outcome
+    stands, and the row's lease runs out (the call runs again: at least once)."""
+    from . import events, own_connection, running
+
+    params = {**key, "attempt": attempt, "status": int(status), "error": error}
+    try:
+        with own_connection.used():
+            matched = running.record_outcome("end_call", params)
+    except Exception:
+        logger.exception("timeouts: could not record the outcome of %s", row)
+        return
+    if matched is None:
+        logger.warning("timeouts: %s finished after its lease expired", row)
+        return
+    events.ran(row, "done" if status == row.Status.DONE else "dead")
