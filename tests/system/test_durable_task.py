@@ -1,0 +1,226 @@
+"""DurableTask end to end: real Celery worker processes, the real broker (Redis) and the safety
+scan run in the test process as beat would run it."""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+from celery.result import AsyncResult
+from django.db import connection, transaction
+
+import timeouts.celery
+from tests import processes
+from tests.testapp import tasks
+from tests.testapp.tasks import CALLS_TABLE_SQL
+from timeouts.celery_calls import PREFIX
+from timeouts.models import TimeoutTask
+from timeouts.scan import scan
+
+Status = TimeoutTask.Status
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture
+def runs(transactional_db):
+    """The runs the test tasks recorded: (task_id, name, args, kwargs, routing_key, retries, started_at)."""
+
+    class Runs:
+        def all(self, name=None):
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT task_id, name, args, kwargs, routing_key, retries, started_at "
+                               "FROM timeouts_test_call WHERE %s IS NULL OR name = %s ORDER BY started_at",
+                               [name, name])
+                # Django reads jsonb as text (its JSONField parses it).
+                return [(task_id, name, json.loads(args), json.loads(kwargs), *rest)
+                        for task_id, name, args, kwargs, *rest in cursor.fetchall()]
+
+        def count(self, name=None):
+            return len(self.all(name))
+
+    with connection.cursor() as cursor:
+        cursor.execute(CALLS_TABLE_SQL)
+        cursor.execute("TRUNCATE timeouts_test_call")
+    yield Runs()
+
+
+def scan_until(predicate, timeout, message):
+    def step():
+        scan()
+        return predicate()
+
+    return processes.wait_for(step, timeout=timeout, interval=0.1, message=message)
+
+
+def calls(**filters):
+    return TimeoutTask.objects.filter(biz_type__startswith=PREFIX, **filters)
+
+
+def settled():
+    return not calls(status__in=[Status.PENDING, Status.DISPATCHED, Status.RUNNING]).exists()
+
+
+@pytest.mark.timeout(90)
+def test_calls_run_at_their_time_once_with_their_task_id_and_arguments_never_early(worker, runs):
+    results = [tasks.record.apply_async((i, "x"), {"n": i}, countdown=1 + i / 10) for i in range(10)]
+    assert runs.count() == 0 and calls(status=Status.PENDING).count() == 10
+    scan_until(settled, 60, "every call to run")
+    time.sleep(0.5)  # a duplicate would show now
+    rows = runs.all()
+    assert sorted((r[0], tuple(r[2]), r[3]["n"]) for r in rows) == sorted(
+        (res.id, (i, "x"), i) for i, res in enumerate(results))
+    due = {row.biz_id: row for row in calls()}
+    assert all(due[task_id].status == Status.DONE for task_id, *_ in rows)
+    assert all(started_at >= due[task_id].action_time for task_id, *_, started_at in rows)
+
+
+@pytest.mark.timeout(60)
+def test_a_rolled_back_call_never_runs_and_a_cancelled_one_never_runs(worker, runs):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        tasks.record.apply_async(("rolled back",), countdown=0.5)
+        raise RuntimeError
+    cancelled = tasks.record.apply_async(("cancelled",), countdown=0.5)
+    kept = tasks.record.apply_async(("kept",), countdown=0.5)
+    assert timeouts.celery.cancel(cancelled.id) is True
+    scan_until(lambda: runs.count() >= 1 and settled(), 30, "the kept call")
+    time.sleep(1)
+    scan()
+    assert [(r[0], r[2]) for r in runs.all()] == [(kept.id, ["kept"])]
+
+
+@pytest.mark.timeout(120)
+def test_a_true_cancel_racing_the_due_time_never_runs(worker, runs):
+    results = [tasks.record.apply_async((i,), countdown=0.5 + i * 0.005) for i in range(200)]
+    stop = threading.Event()
+
+    def keep_scanning():
+        try:
+            while not stop.is_set():
+                scan()
+                time.sleep(0.01)
+        finally:
+            connection.close()
+
+    scanner = threading.Thread(target=keep_scanning)
+    scanner.start()
+    try:
+        time.sleep(0.4)
+        cancelled = set()
+        for result in results[::2]:  # every other call, while they come due and get published
+            if timeouts.celery.cancel(result.id):
+                cancelled.add(result.id)
+            time.sleep(0.008)
+        processes.wait_for(settled, 60, message="every call settled")
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        scanner.join(30)
+    ran = [r[0] for r in runs.all()]
+    assert cancelled and len(cancelled) < 100, "some cancels must have won, some lost"
+    assert len(ran) == len(set(ran)), "a call ran twice"
+    assert not set(ran) & cancelled
+    assert set(ran) | cancelled == {r.id for r in results}
+
+
+@pytest.mark.timeout(60)
+def test_routing_to_a_named_queue_and_a_link_callback(worker, runs):
+    routed = tasks.record.apply_async(("routed",), countdown=0.5, queue="timeouts-test-other")
+    linked = tasks.record.apply_async(("linked",), countdown=0.5, link=tasks.record.si("callback"))
+    scan_until(lambda: runs.count() == 3, 30, "both calls and the callback")
+    by_args = {tuple(r[2]): r for r in runs.all()}
+    assert by_args[("routed",)][0] == routed.id and by_args[("routed",)][4] == "timeouts-test-other"
+    assert by_args[("linked",)][0] == linked.id and ("callback",) in by_args
+
+
+@pytest.mark.timeout(60)
+def test_an_expired_call_does_not_run_and_says_so(worker, runs):
+    tasks.record.apply_async(("expired",), countdown=0.5, expires=0.2)
+    kept = tasks.record.apply_async(("kept",), countdown=0.5, expires=60)
+    scan_until(lambda: runs.count() == 1 and settled(), 30, "the unexpired call")
+    assert [r[0] for r in runs.all()] == [kept.id]
+    [expired] = calls(status=Status.CANCELLED)
+    assert "expired" in expired.last_error
+
+
+@pytest.mark.timeout(60)
+def test_a_retry_with_a_countdown_goes_durable_again(worker, runs):
+    result = tasks.retry_once.apply_async((1.5,), countdown=0.3)
+    scan_until(lambda: runs.count() == 1 and calls().count() == 2, 30, "the first run and its stored retry")
+    first, retry = calls().order_by("job_id")
+    assert first.biz_id == retry.biz_id == result.id
+    assert first.status == Status.DONE and first.last_error.startswith("retried")
+    assert retry.status in (Status.PENDING, Status.DISPATCHED)
+    assert retry.attribute["message"]["retries"] == 1 and not retry.attribute["headers"]
+    scan_until(lambda: runs.count() == 2 and settled(), 30, "the retry")
+    assert [(r[0], r[5]) for r in runs.all()] == [(result.id, 0), (result.id, 1)]
+    assert calls().get(job_id=retry.job_id).started_at >= retry.action_time
+
+
+@pytest.mark.timeout(60)
+def test_a_raising_call_ends_dead_with_its_traceback(worker, runs):
+    tasks.fail.apply_async(countdown=0.3)
+    scan_until(settled, 30, "the failing call")
+    [row] = calls()
+    assert row.status == Status.DEAD and "failing on purpose" in row.last_error
+    assert runs.count() == 1
+
+
+@pytest.mark.timeout(90)
+def test_a_kept_result_is_returned_by_async_result_get(transactional_db, broker, runs):
+    from celery.backends.redis import RedisBackend
+
+    from project.celery import app
+
+    broker.flushdb()
+    worker = processes.celery_worker(env=processes.django_env(DJANGO_SETTINGS_MODULE="tests.settings_results"),
+                                     name="worker-results")
+    backend = RedisBackend(app=app, url=app.conf.broker_url)
+    try:
+        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
+        result = tasks.add.apply_async((2, 3), countdown=0.5)
+        scan_until(settled, 30, "the call")
+        assert AsyncResult(result.id, backend=backend, app=app).get(timeout=10) == 5
+    finally:
+        processes.stop(worker)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_with_calls_pending_loses_none(worker, runs):
+    count = 200
+    results = [tasks.record.apply_async((i,), countdown=1 + i / 100) for i in range(count)]
+    slow = tasks.slow.apply_async((30,), countdown=0.2)
+    scan_until(lambda: runs.count() >= 50, 30, "some calls to run")
+    for process in psutil.Process(worker.pid).children(recursive=True) + [psutil.Process(worker.pid)]:
+        os.kill(process.pid, signal.SIGKILL)
+    worker.wait(10)
+    replacement = processes.celery_worker(env=processes.django_env(), name="replacement")
+    try:
+        # The calls the killed worker had started or prefetched run again once their lease (the
+        # tasks' ttr: 3 and 5 s) runs out.
+        scan_until(lambda: settled() and {r[0] for r in runs.all("tests.durable.record")} >= {r.id for r in results},
+                   90, "every call to run")
+    finally:
+        processes.stop(replacement)
+    assert [r[0] for r in runs.all("tests.durable.slow")] == [slow.id, slow.id]
+    assert calls(status=Status.DONE).count() == count + 1
+
+
+@pytest.mark.timeout(60)
+def test_a_call_published_twice_runs_once(worker, runs):
+    """A publisher that crashed after sending, before its claim was known to be sent, sends again."""
+    from timeouts.claiming import claim_due
+    from timeouts.publishing import publish
+
+    result = tasks.record.apply_async(("twice",), countdown=0.3)
+    time.sleep(0.4)
+    claims = claim_due(10)
+    assert [claim.biz_type for claim in claims] == ["celery:tests.durable.record"]
+    publish(claims)
+    publish(claims)
+    processes.wait_for(settled, 30, message="the call")
+    time.sleep(1)  # the second message, dropped by the compare-and-set
+    assert [r[0] for r in runs.all()] == [result.id]
+    assert calls().get().attempts == 1
