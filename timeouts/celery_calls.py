@@ -154,21 +154,12 @@ def publish_calls(app, claims, producer, retry_policy, eta_headroom):
     (sent, or ended: an expired call is not sent, and its row is CANCELLED with the reason), so
     that on an error the caller knows which claims to release. A claim ahead of time goes with a
     Celery ETA `eta_headroom` before its run_at (publishing.ETA_HEADROOM)."""
-    calls = _claimed_calls(claims)
     for claim in claims:
-        call = calls.get(claim.job_id)
-        if call is None:  # its row moved or was dropped since the claim: its lease will tell
-            logger.warning("timeouts: claimed call job %s not found", claim.job_id)
-        elif not _expired(app, claim, call):
+        # Back to what Celery's JSON serializer read: datetimes, UUIDs and Decimals as they were given.
+        call = kombu_json.loads(_json_text(claim.call))
+        if not _expired(app, claim, call):
             _send(app, producer, claim, call, retry_policy, eta_headroom)
         yield claim
-
-
-def _claimed_calls(claims) -> dict:
-    params = {"job_ids": [c.job_id for c in claims], "action_times": [c.action_time for c in claims]}
-    rows = fetch_dicts("claimed_calls", params)
-    # Back to what Celery's JSON serializer read: datetimes, UUIDs and Decimals as they were given.
-    return {row["job_id"]: kombu_json.loads(_json_text(row["attribute"])) for row in rows}
 
 
 def _json_text(attribute) -> str:

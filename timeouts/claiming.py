@@ -28,6 +28,7 @@ class Claim:
     ttr: int
     claimed_at: datetime  # database clock
     partition: str  # the partition that held the row when it was claimed
+    call: object = None  # a stored Celery call's attribute (JSON), which its message is made of
 
     @property
     def eta(self):
@@ -63,7 +64,7 @@ def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
         (
             Claim(
                 row["job_id"], row["action_time"], row["run_at"], row["biz_type"], row["attempts"] + 1, row["ttr"],
-                row["claimed_at"], row["partition"],
+                row["claimed_at"], row["partition"], row["call"],
             )
             for row in rows
         ),

@@ -140,8 +140,11 @@ WHERE t.tableoid = due.tableoid AND t.ctid = due.ctid AND t.job_id = due.job_id 
   -- Repeated for the UPDATE's own scan, so it too skips future partitions.
   AND t.action_time <= now() + %(lead)s * interval '1 second'
 -- The partition that holds the row: the worker's start and DONE run on it (queries.py, ON_PARTITION).
+-- A stored Celery call (celery_calls.py) comes with its attribute, the call its message is made of;
+-- a handler's task, without.
 RETURNING t.job_id, t.action_time, t.run_at, t.biz_type, t.attempts, t.ttr, now() AS claimed_at,
-          t.tableoid::regclass::text AS partition;
+          t.tableoid::regclass::text AS partition,
+          CASE WHEN t.biz_type LIKE 'celery:%%' THEN t.attribute END AS call;
 
 
 -- name: release_claims
@@ -259,15 +262,6 @@ RETURNING t.job_id, t.status, t.biz_type, timeouts_notify_v1(%(channel)s, CASE W
 
 -- Calls of Celery tasks stored by DurableTask (timeouts/celery_calls.py): rows whose biz_type starts
 -- with "celery:", whose biz_id is the Celery task_id and whose attribute is the call.
-
--- name: claimed_calls
--- The calls of claimed rows, read after the claim committed: the claim returns no attribute, which
--- the handlers' rows, the most, do not need.
-SELECT t.job_id, t.attribute
-FROM timeouts_task AS t
-JOIN unnest(%(job_ids)s::bigint[], %(action_times)s::timestamptz[]) AS r(job_id, action_time)
-  ON t.job_id = r.job_id AND t.action_time = r.action_time;
-
 
 -- name: expire_claim
 -- A claimed call whose Celery `expires` has passed: never published, never run, and says why.
