@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from benchmarks.processes import stop_group
+from timeouts.celery import BEAT_QUEUE
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,7 +32,13 @@ def spawn(args, *, env, log_name) -> subprocess.Popen:
         return subprocess.Popen(args, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def celery_worker(*, env, name="worker", concurrency=2, queues=("celery", "timeouts-test-other"), pool="prefork"):
+# What a worker of the test project consumes: the default queue, the queue timeouts.celery.setup()
+# routes the beat tasks (timeouts.scan, timeouts.maintain) to, and the queue of tests/testapp's
+# "test.queued" handler.
+WORKER_QUEUES = ("celery", BEAT_QUEUE, "timeouts-test-other")
+
+
+def celery_worker(*, env, name="worker", concurrency=2, queues=WORKER_QUEUES, pool="prefork"):
     args = [sys.executable, "-m", "celery", "-A", "project", "worker", "-P", pool, "-c", str(concurrency),
             "-Q", ",".join(queues), "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
             "--without-heartbeat", "-l", "warning"]
