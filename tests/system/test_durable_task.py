@@ -224,3 +224,16 @@ def test_a_call_published_twice_runs_once(worker, runs):
     time.sleep(1)  # the second message, dropped by the compare-and-set
     assert [r[0] for r in runs.all()] == [result.id]
     assert calls().get().attempts == 1
+
+
+@pytest.mark.timeout(90)
+def test_the_dispatcher_starts_calls_on_time_without_a_scan(worker, runs):
+    """The dispatcher publishes by task name: it has not imported the tasks."""
+    from tests.system.test_dispatcher import ON_TIME, dispatcher_process
+
+    with dispatcher_process():
+        results = [tasks.record.apply_async((i,), countdown=1 + i / 10) for i in range(20)]
+        processes.wait_for(lambda: runs.count() == 20 and settled(), 60, message="every call, no scan")
+    assert sorted(r[0] for r in runs.all()) == sorted(r.id for r in results)
+    lateness = [(row.started_at - row.action_time).total_seconds() for row in calls()]
+    assert all(0 <= late < ON_TIME for late in lateness), lateness
