@@ -143,3 +143,40 @@ def test_a_task_name_that_is_no_biz_type_is_cut_and_told_apart():
         assert BIZ_TYPE_RE.fullmatch(biz_type_for(name))
     assert biz_type_for(long_a) != biz_type_for(long_b)
     assert biz_type_for("shop.tasks.charge") == "celery:shop.tasks.charge"
+
+
+def test_eager_calls_run_at_once_as_celery_runs_them():
+    from django.db import connection
+
+    from tests.testapp import recorder
+
+    with connection.cursor() as cursor:
+        cursor.execute(tasks.CALLS_TABLE_SQL)
+    current_app.conf.task_always_eager = True
+    try:
+        result = tasks.add.apply_async((2, 3), countdown=60)
+    finally:
+        current_app.conf.task_always_eager = False
+        recorder.close()
+    assert result.get() == 5
+    assert calls() == []
+
+
+def test_timeouts_stats_counts_calls_by_task_name():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    tasks.record.apply_async((1,), countdown=60)
+    out = StringIO()
+    call_command("timeouts_stats", stdout=out)
+    assert "celery:tests.durable.record" in out.getvalue()
+
+
+def test_a_chain_step_keeps_the_rest_of_its_chain():
+    from celery import chain
+
+    chain(tasks.record.s(1), tasks.record.s(2)).apply_async(countdown=60)
+    [row] = calls()
+    [rest] = row.attribute["message"]["chain"]
+    assert rest["task"] == "tests.durable.record" and rest["args"] == [2]

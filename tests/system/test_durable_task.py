@@ -237,3 +237,12 @@ def test_the_dispatcher_starts_calls_on_time_without_a_scan(worker, runs):
     assert sorted(r[0] for r in runs.all()) == sorted(r.id for r in results)
     lateness = [(row.started_at - row.action_time).total_seconds() for row in calls()]
     assert all(0 <= late < ON_TIME for late in lateness), lateness
+
+
+@pytest.mark.timeout(60)
+def test_a_chain_with_a_countdown_runs_every_step(worker, runs):
+    from celery import chain
+
+    chain(tasks.record.s("first"), tasks.record.s("second")).apply_async(countdown=0.5)
+    scan_until(lambda: runs.count() == 2, 30, "both steps")
+    assert [r[2] for r in runs.all()] == [["first"], [["first"], "second"]]  # a step gets its parent's result
