@@ -96,7 +96,7 @@ def execute(name, params=None, *, using=None, partition=None):
 # - PARENT_KEY: the lookup. A partition's statistics can be older than a burst scheduled into it,
 #   and describe its tasks as due one by one, none of them claimed or running. PostgreSQL then
 #   rates the admin's (action_time) index for `action_time = $2`, and the partial lease index for
-#   `status = 4`, as good as the primary key and cheaper: it takes one, and reads every task due at
+#   `status = :RUNNING`, as good as the primary key and cheaper: it takes one, and reads every task due at
 #   that instant, or every running one, to find one, so n tasks due together cost n * n row reads
 #   (the benchmark's burst did: 0.30 against 0.07 ms per lookup at 1,000). Compared with
 #   IS NOT DISTINCT FROM (`=` for these NOT NULL columns), neither is an index condition, so only
