@@ -25,12 +25,13 @@ from . import events, validation
 from .conf import get_settings
 from .errors import InvalidAttribute
 from .queries import fetch_dicts
-from .registry import BIZ_TYPE_RE
+from .registry import BIZ_TYPE_RE, CELERY_CALLS
 from .retry import retry_on_conflict
+from .states import Status
 
 logger = logging.getLogger(__name__)
 
-PREFIX = "celery:"
+PREFIX = CELERY_CALLS
 # The header of a published call that carries its row's fence.
 FENCE_HEADER = "timeouts"
 # The attribute's format, so that a later version can read the calls an older one stored.
@@ -151,14 +152,23 @@ def _utc(eta):
 
 def publish_calls(app, claims, producer, retry_policy, eta_headroom):
     """Send each claimed call's own message on `producer`, yielding after each claim is dealt with
-    (sent, or ended: an expired call is not sent, and its row is CANCELLED with the reason), so
-    that on an error the caller knows which claims to release. A claim ahead of time goes with a
-    Celery ETA `eta_headroom` before its run_at (publishing.ETA_HEADROOM)."""
+    (sent, or ended with the reason: CANCELLED if it expired, DEAD if its message cannot be made),
+    so that on a broker error the caller knows which claims to release. A claim ahead of time goes
+    with a Celery ETA `eta_headroom` before its run_at (publishing.ETA_HEADROOM)."""
     for claim in claims:
-        # Back to what Celery's JSON serializer read: datetimes, UUIDs and Decimals as they were given.
-        call = kombu_json.loads(_json_text(claim.call))
-        if not _expired(app, claim, call):
-            _send(app, producer, claim, call, retry_policy, eta_headroom)
+        try:
+            # Back to what Celery's JSON serializer read: datetimes, UUIDs and Decimals as given.
+            call = kombu_json.loads(_json_text(claim.call))
+            message = None if _expired(app, claim, call) else _message(app, claim, call, eta_headroom)
+        except Exception as exc:
+            # Not the broker's fault: released, the claim would fail again at every scan.
+            logger.exception("timeouts: the message of claimed call job %s cannot be made", claim.job_id)
+            _end_claim(claim, Status.DEAD, f"its message cannot be made: {exc!r}")
+            message = None
+        if message is not None:
+            name, message, options = message
+            app.amqp.send_task_message(producer, name, message, serializer="json", retry=True,
+                                       retry_policy=retry_policy, **options)
         yield claim
 
 
@@ -174,8 +184,7 @@ def _expired(app, claim, call) -> bool:
     if maybe_make_aware(expires_at, tz=app.timezone) > app.now():
         return False
     error = f"expired at {expires_at.isoformat()} before it was due: not run"
-    params = {"job_id": claim.job_id, "action_time": claim.action_time, "error": error}
-    row = retry_on_conflict(lambda: fetch_dicts("expire_claim", params))
+    row = _end_claim(claim, Status.CANCELLED, error)
     logger.warning("timeouts: %s[%s] %s", call["task"], call["id"], error)
     if row and not call["message"].get("ignore_result"):
         try:  # what a Celery worker records for an expired message
@@ -185,9 +194,14 @@ def _expired(app, claim, call) -> bool:
     return True
 
 
-def _send(app, producer, claim, call, retry_policy, eta_headroom):
-    """What send_task does after its checks, with the task_id, arguments and options of the call,
-    no ETA unless the claim is ahead of time, and the fence."""
+def _end_claim(claim, status, error):
+    params = {"job_id": claim.job_id, "action_time": claim.action_time, "status": int(status), "error": error}
+    return retry_on_conflict(lambda: fetch_dicts("end_claim", params))
+
+
+def _message(app, claim, call, eta_headroom):
+    """What send_task makes after its checks, with the task_id, arguments and options of the call,
+    no ETA unless the claim is ahead of time, and the fence: (name, message, send options)."""
     amqp = app.amqp
     name, args, kwargs = call["task"], call["args"], call["kwargs"]
     options = dict(call["options"])
@@ -206,8 +220,7 @@ def _send(app, producer, claim, call, retry_policy, eta_headroom):
         **message_options, **options)
     for stamp in message_options.get("stamped_headers") or ():
         options.pop(stamp, None)
-    amqp.send_task_message(producer, name, message, serializer="json", retry=True, retry_policy=retry_policy,
-                           **options)
+    return name, message, options
 
 
 # --- Cancelling -----------------------------------------------------------------------------------

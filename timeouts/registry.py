@@ -10,6 +10,8 @@ from .errors import InvalidBizType, UnknownBizType
 from .validation import describe
 
 BIZ_TYPE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+# The biz_types of the Celery calls DurableTask stores (celery_calls.py): no handler's.
+CELERY_CALLS = "celery:"
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,10 @@ def handler(biz_type, *, queue=None, max_attempts=None, ttr=None):
     if not isinstance(biz_type, str) or not BIZ_TYPE_RE.fullmatch(biz_type):
         raise ImproperlyConfigured(
             f"@timeouts.handler: biz_type must be 1 to 64 characters of [A-Za-z0-9_.:-], got {describe(biz_type)}")
+    if biz_type.startswith(CELERY_CALLS):
+        raise ImproperlyConfigured(
+            f"@timeouts.handler: biz_types starting with {CELERY_CALLS!r} are the Celery calls that "
+            f"timeouts.celery.DurableTask stores, got {biz_type!r}")
     for name, value in (("max_attempts", max_attempts), ("ttr", ttr)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ImproperlyConfigured(f"handler {biz_type!r}: {name} must be a positive integer, got {value!r}")

@@ -14,9 +14,8 @@ from django.db import transaction
 import timeouts.celery
 from tests.testapp import tasks
 from timeouts import InvalidAttribute, TimeoutsError
-from timeouts.celery_calls import FENCE_HEADER, PREFIX, biz_type_for
+from timeouts.celery_calls import FENCE_HEADER, PREFIX
 from timeouts.models import TimeoutTask
-from timeouts.registry import BIZ_TYPE_RE
 from timeouts.scan import scan
 
 Status = TimeoutTask.Status
@@ -137,14 +136,6 @@ def test_celerys_own_tasks_keep_celerys_ways(queues):
     assert calls() == []
 
 
-def test_a_task_name_that_is_no_biz_type_is_cut_and_told_apart():
-    long_a, long_b = "x." * 40 + "a", "x." * 40 + "b"
-    for name in (long_a, long_b, "tâche spéciale"):
-        assert BIZ_TYPE_RE.fullmatch(biz_type_for(name))
-    assert biz_type_for(long_a) != biz_type_for(long_b)
-    assert biz_type_for("shop.tasks.charge") == "celery:shop.tasks.charge"
-
-
 def test_eager_calls_run_at_once_as_celery_runs_them():
     from django.db import connection
 
@@ -180,3 +171,22 @@ def test_a_chain_step_keeps_the_rest_of_its_chain():
     [row] = calls()
     [rest] = row.attribute["message"]["chain"]
     assert rest["task"] == "tests.durable.record" and rest["args"] == [2]
+
+
+def test_a_call_whose_message_cannot_be_made_ends_dead_instead_of_coming_back(queues):
+    tasks.record.apply_async((1,), countdown=0.2)
+    TimeoutTask.objects.filter(biz_type__startswith=PREFIX).update(attribute={"format": 1})
+    time.sleep(0.3)
+    scan()
+    [row] = calls()
+    assert row.status == Status.DEAD and "cannot be made" in row.last_error
+    assert messages(queues) == []
+
+
+def test_no_handler_may_take_a_biz_type_of_celery_calls():
+    from django.core.exceptions import ImproperlyConfigured
+
+    import timeouts
+
+    with pytest.raises(ImproperlyConfigured, match="DurableTask"):
+        timeouts.handler("celery:tests.durable.record")(lambda task: None)

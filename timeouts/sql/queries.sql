@@ -263,12 +263,14 @@ RETURNING t.job_id, t.status, t.biz_type, timeouts_notify_v1(%(channel)s, CASE W
 -- Calls of Celery tasks stored by DurableTask (timeouts/celery_calls.py): rows whose biz_type starts
 -- with "celery:", whose biz_id is the Celery task_id and whose attribute is the call.
 
--- name: expire_claim
--- A claimed call whose Celery `expires` has passed: never published, never run, and says why.
+-- name: end_claim
+-- A claimed call that is not published, and says why: CANCELLED when its Celery `expires` has
+-- passed, DEAD when its message cannot be made (an operator may requeue it once that is fixed).
 UPDATE timeouts_task
-SET status = :CANCELLED, finished_at = c.now, modified_at = c.now, lease_until = NULL, last_error = %(error)s
+SET status = %(status)s, finished_at = c.now, modified_at = c.now, lease_until = NULL, last_error = %(error)s
 FROM (SELECT clock_timestamp() AS now) AS c
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status = :DISPATCHED
+  AND %(status)s IN (:CANCELLED, :DEAD)
 RETURNING job_id;
 
 
