@@ -13,9 +13,10 @@ instead of a broker or a worker's memory (importable as `timeouts.celery.Durable
   compare-and-set of `timeouts.run`): a message published twice runs once, and a cancel that
   returned True wins. The row then records the outcome: DONE when the task returned, raised
   Retry (the retry is a call of its own, with the same task_id), Ignore or Reject; DEAD with the
-  traceback when it raised anything else (Celery records the FAILURE as usual; an operator may
-  requeue the row). A worker lost mid-run leaves the row RUNNING: its lease (the call's hard time
-  limit, else the task's `ttr`, else DEFAULT_TTR) runs out and the call runs again.
+  traceback when it raised anything else or Celery killed it at its hard time limit (Celery
+  records the FAILURE as usual; an operator may requeue the row). A worker lost mid-run leaves
+  the row RUNNING: its lease (the call's hard time limit, else the task's `ttr`, else
+  DEFAULT_TTR) runs out and the call runs again.
 """
 
 import logging
@@ -23,7 +24,7 @@ import traceback
 from datetime import datetime, timedelta
 
 from celery import Task
-from celery.exceptions import Ignore, Reject, Retry
+from celery.exceptions import Ignore, Reject, Retry, TimeLimitExceeded
 from celery.utils.time import maybe_make_aware
 from dateutil.parser import isoparse
 from kombu.utils.uuid import uuid
@@ -90,6 +91,13 @@ class DurableTask(Task):
             return super().__call__(*args, **kwargs)
         return _run_fenced(self, fence, super().__call__, args, kwargs)
 
+    def on_failure(self, exc, task_id, args, kwargs, einfo):
+        """Celery's worker calls this in its main process when it killed a task at its hard time
+        limit: the task's own process cannot record that outcome."""
+        if isinstance(exc, TimeLimitExceeded):
+            _end_timed_out(task_id, exc)
+        super().on_failure(exc, task_id, args, kwargs, einfo)
+
 
 def _not_yet_due(app, eta, countdown):
     """The call's ETA (aware), as Celery works it out, if it is still to come; else None."""
@@ -132,6 +140,20 @@ def _run_fenced(task, fence, body, args, kwargs):
         raise
     _end(row, key, attempt, row.Status.DONE, "")
     return result
+
+
+def _end_timed_out(task_id, exc):
+    from . import events, own_connection
+    from .queries import fetch_dicts
+
+    try:
+        with own_connection.used():
+            rows = fetch_dicts("end_timed_out_call", {"task_id": task_id, "error": f"killed: {exc!r}"})
+    except Exception:
+        logger.exception("timeouts: could not record that call %s was killed at its time limit", task_id)
+        return
+    for row in rows:
+        events.emit("dead", row["biz_type"])
 
 
 def _end(row, key, attempt, status, error):

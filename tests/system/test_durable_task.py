@@ -160,11 +160,25 @@ def test_a_retry_with_a_countdown_goes_durable_again(worker, runs):
 
 
 @pytest.mark.timeout(60)
-def test_a_raising_call_ends_dead_with_its_traceback(worker, runs):
-    tasks.fail.apply_async(countdown=0.3)
+def test_a_raising_call_ends_dead_with_its_traceback_and_runs_again_when_requeued(worker, runs):
+    result = tasks.fail.apply_async(countdown=0.3)
     scan_until(settled, 30, "the failing call")
     [row] = calls()
     assert row.status == Status.DEAD and "failing on purpose" in row.last_error
+    assert runs.count() == 1
+    assert row.requeue()
+    scan_until(lambda: runs.count() == 2 and settled(), 30, "the requeued call")
+    assert [r[0] for r in runs.all()] == [result.id, result.id]
+
+
+@pytest.mark.timeout(60)
+def test_a_call_killed_at_its_hard_time_limit_ends_dead_and_does_not_run_again(worker, runs):
+    tasks.overrun.apply_async(countdown=0.3)
+    scan_until(settled, 30, "the call to be killed")
+    [row] = calls()
+    assert row.status == Status.DEAD and "TimeLimitExceeded" in row.last_error
+    time.sleep(3)  # past its lease (time limit + 1 s)
+    scan()
     assert runs.count() == 1
 
 

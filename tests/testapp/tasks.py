@@ -71,3 +71,10 @@ def slow(self, seconds):
     record_call(self, [seconds], {})
     if first:
         time.sleep(seconds)
+
+
+@shared_task(base=DurableTask, bind=True, name="tests.durable.overrun", time_limit=1)
+def overrun(self):
+    """Runs past its hard time limit: Celery kills it."""
+    record_call(self, [], {})
+    time.sleep(10)

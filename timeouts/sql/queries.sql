@@ -294,3 +294,14 @@ SET status = :CANCELLED, finished_at = c.now, modified_at = c.now, lease_until =
 FROM (SELECT clock_timestamp() AS now) AS c
 WHERE biz_id = %(task_id)s AND biz_type LIKE 'celery:%%' AND status IN (:PENDING, :DISPATCHED)
 RETURNING job_id, biz_type;
+
+
+-- name: end_timed_out_call
+-- A started call that Celery killed at its hard time limit (the worker's main process reports it,
+-- without the message's fence): DEAD, as Celery records a FAILURE, rather than run again once its
+-- lease runs out. Only RUNNING rows of that task_id: a retry's row starts after the first ended.
+UPDATE timeouts_task
+SET status = :DEAD, finished_at = c.now, modified_at = c.now, lease_until = NULL, last_error = %(error)s
+FROM (SELECT clock_timestamp() AS now) AS c
+WHERE biz_id = %(task_id)s AND biz_type LIKE 'celery:%%' AND status = :RUNNING
+RETURNING job_id, biz_type;
