@@ -42,7 +42,7 @@ def test_a_host_project_uses_the_whole_public_api_from_the_wheel(tmp_path, host_
     env = {**os.environ, "PYTHONPATH": f"{installed}{os.pathsep}{HOST}", "DJANGO_SETTINGS_MODULE": "hostsite.settings",
            "HOST_DB_NAME": name, "HOST_DB_HOST": str(params.get("host") or "127.0.0.1"),
            "HOST_DB_PORT": str(params.get("port") or 5432)}
-    result = subprocess.run([sys.executable, "use_contract.py"], cwd=HOST, env=env, capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "use_public_api.py"], cwd=HOST, env=env, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "CONTRACT OK" in result.stdout
+    assert "PUBLIC API OK" in result.stdout
