@@ -2,7 +2,7 @@
 `timeouts.celery.DurableTask` (storing a call, publishing it when it is claimed, cancelling it).
 
 A call is one row: biz_type `celery:<task name>` (see `biz_type_for`), biz_id the Celery task_id,
-attribute the call as JSON (`CallStore.store`). When the row is claimed, `publish_calls` sends the
+attribute the call as JSON (`store`). When the row is claimed, `publish_calls` sends the
 Celery task's own message, with what Celery would have put in it, plus the row's fence in the
 `timeouts` header (`[job_id, action_time, attempt, partition]`, the arguments of a `timeouts.run`
 message): the worker's DurableTask starts only the message that owns the row's current attempt.
@@ -17,6 +17,7 @@ import math
 import re
 from datetime import datetime, timedelta
 
+from celery.utils.nodenames import anon_nodename
 from celery.utils.time import maybe_make_aware
 from django.db import DEFAULT_DB_ALIAS, connections
 from kombu.utils import json as kombu_json
@@ -128,6 +129,7 @@ def _call(app, name, args, kwargs, task_id, options):
             if app.conf.task_inherit_parent_priority:
                 options.setdefault("priority", (parent.request.delivery_info or {}).get("priority"))
     message["reply_to"] = message.get("reply_to") or app.thread_oid
+    message["origin"] = message.get("origin") or anon_nodename()  # the caller's node, not the publisher's
     headers = {key: value for key, value in (options.pop("headers", None) or {}).items() if key != FENCE_HEADER}
     for key in ("queue", "exchange"):  # a kombu Queue or Exchange: its name
         if key in options and hasattr(options[key], "name"):

@@ -70,8 +70,9 @@ class DurableTask(Task):
                 check_arguments(*(args or ()), **(kwargs or {}))
         shadow = shadow or self.shadow_name(args, kwargs, options)
         options = dict(self._get_exec_options(), **options)
-        if self._dump_pydantic_arguments is not None:
-            args, kwargs = self._dump_pydantic_arguments(args, kwargs)
+        dump_pydantic_arguments = getattr(self, "_dump_pydantic_arguments", None)  # Celery 5.5+ (pydantic=True)
+        if dump_pydantic_arguments is not None:
+            args, kwargs = dump_pydantic_arguments(args, kwargs)
         options.setdefault("ignore_result", self.ignore_result)
         task_id = task_id or uuid()
         celery_calls.store(app, self.name, args, kwargs, task_id, eta,

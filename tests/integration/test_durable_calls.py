@@ -190,3 +190,10 @@ def test_no_handler_may_take_a_biz_type_of_celery_calls():
 
     with pytest.raises(ImproperlyConfigured, match="DurableTask"):
         timeouts.handler("celery:tests.durable.record")(lambda task: None)
+
+
+def test_the_admin_lists_calls_by_task_name(admin_client):
+    result = tasks.record.apply_async((1,), countdown=60)
+    response = admin_client.get("/admin/timeouts/timeouttask/", {"biz_type": "celery:tests.durable.record"})
+    assert response.status_code == 200
+    assert result.id in response.content.decode()
