@@ -52,6 +52,27 @@ ensure_venv() {
     echo "$hash" >"$stamp"
 }
 
+# ensure_tools VENV REQUIREMENTS: install a tools file (docs, lint) into an existing VENV, with a stamp
+# of its own: ensure_venv's stamp belongs to the test requirements, and sharing it would make each
+# reinstall after the other.
+ensure_tools() {
+    local dir=$1 reqs=$2 name stamp hash log
+    name=$(basename "$reqs" .txt)
+    stamp="$dir/.timeouts-$name-requirements.sha256"
+    hash=$( { cat "$reqs"; "$dir/bin/python" -VV; } | sha256sum | cut -d' ' -f1)
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$hash" ]; then
+        return 0
+    fi
+    mkdir -p var
+    log="var/pip-$name.log"
+    say "Installing $reqs into $dir (log: $log) ..."
+    if ! "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -r "$reqs" >"$log" 2>&1; then
+        tail -n 40 "$log" >&2
+        die "pip install of $reqs failed (full log: $log)"
+    fi
+    echo "$hash" >"$stamp"
+}
+
 # ensure_chromium: the admin's browser test (tests/system/test_admin_browser.py) drives Debian's Chromium,
 # /usr/bin/chromium, with Playwright (never Playwright's own browser downloads). Installed with
 # apt-get when missing and we are root (as in CI); otherwise the test is skipped (it fails under CI).

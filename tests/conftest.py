@@ -30,7 +30,8 @@ def starts(transactional_db):
     class Starts:
         def all(self):
             with connection.cursor() as cursor:
-                cursor.execute("SELECT job_id, attempt, action_time, started_at FROM timeouts_test_start ORDER BY started_at")
+                cursor.execute("SELECT job_id, attempt, action_time, started_at FROM timeouts_test_start "
+                               "ORDER BY started_at")
                 return cursor.fetchall()
 
         def count(self):

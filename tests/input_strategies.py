@@ -7,14 +7,21 @@ strategies, so every property test sees both, and the edges of every limit.
 
 import uuid
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone, tzinfo
+from datetime import UTC, date, datetime, timedelta, timezone, tzinfo
 from decimal import Decimal
 from zoneinfo import ZoneInfo
 
 from hypothesis import strategies as st
 
-from timeouts import InvalidAttribute, InvalidBizId, InvalidBizType, InvalidOption, InvalidTime, TimeoutsError
-from timeouts import UnknownBizType
+from timeouts import (
+    InvalidAttribute,
+    InvalidBizId,
+    InvalidBizType,
+    InvalidOption,
+    InvalidTime,
+    TimeoutsError,
+    UnknownBizType,
+)
 from timeouts.conf import get_settings
 
 MAX_BYTES = get_settings().MAX_ATTRIBUTE_BYTES
@@ -109,7 +116,7 @@ AMBIGUOUS = [  # DST: the same wall-clock time twice (fold=0, fold=1), and times
 def _aware_is_valid(at):
     # An aware datetime is valid unless its instant is outside what a datetime holds in UTC.
     try:
-        at.astimezone(timezone.utc)
+        at.astimezone(UTC)
     except (OverflowError, ValueError):
         return False
     return True
@@ -135,19 +142,19 @@ BAD_ATS = st.one_of(
     st.datetimes(),  # naive
     st.datetimes().map(lambda at: at.replace(tzinfo=NoOffset())),
     st.dates(),
-    st.datetimes(timezones=st.just(timezone.utc)).map(datetime.isoformat),
+    st.datetimes(timezones=st.just(UTC)).map(datetime.isoformat),
     st.integers(),
     st.floats(),
     st.just(Opaque()),
 )
 
-EXTREME_ZONES = st.sampled_from([timezone.utc, timezone(timedelta(hours=14)), timezone(timedelta(hours=23, minutes=59)),
+EXTREME_ZONES = st.sampled_from([UTC, timezone(timedelta(hours=14)), timezone(timedelta(hours=23, minutes=59)),
                                  timezone(-timedelta(hours=23, minutes=59, microseconds=1))])
 VALID_TIMES = st.one_of(
     ok(st.datetimes(timezones=st.timezones()).filter(_aware_is_valid).map(lambda at: {"at": at})),
     ok(st.datetimes(timezones=EXTREME_ZONES).filter(_aware_is_valid).map(lambda at: {"at": at})),
     ok(st.sampled_from(AMBIGUOUS).map(lambda at: {"at": at})),
-    ok(st.sampled_from([datetime.min.replace(tzinfo=timezone.utc), datetime.max.replace(tzinfo=timezone.utc)])
+    ok(st.sampled_from([datetime.min.replace(tzinfo=UTC), datetime.max.replace(tzinfo=UTC)])
        .map(lambda at: {"at": at})),
     ok(VALID_DELAYS.map(lambda delay: {"delay": delay})),
 )
@@ -161,7 +168,7 @@ BAD_TIMES = st.one_of(
     bad(InvalidTime, BAD_ATS.map(lambda at: {"at": at})),
     bad(InvalidTime, st.just({})),  # neither
     bad(InvalidTime, st.builds(lambda at, delay: {"at": at, "delay": delay},
-                               st.datetimes(timezones=st.just(timezone.utc)), VALID_DELAYS)),  # both
+                               st.datetimes(timezones=st.just(UTC)), VALID_DELAYS)),  # both
 )
 
 # JSON that comes back unchanged: str keys, finite numbers, no NUL, no lone surrogates.
@@ -175,7 +182,7 @@ JSON_OBJECTS = st.dictionaries(JSON_KEYS, JSON, max_size=5)
 
 BAD_LEAVES = st.sampled_from([
     float("nan"), float("inf"), float("-inf"), "a\x00b", "\x00", "\ud800", "ok\udfffok", set(), {1}, frozenset(),
-    b"bytes", bytearray(b"x"), Decimal("1.5"), datetime(2025, 1, 1, tzinfo=timezone.utc), date(2025, 1, 1), (1, 2),
+    b"bytes", bytearray(b"x"), Decimal("1.5"), datetime(2025, 1, 1, tzinfo=UTC), date(2025, 1, 1), (1, 2),
     (), complex(1, 2), Opaque(), HUGE_INT, -HUGE_INT, range(3), uuid.UUID(int=1),
 ])
 BAD_KEYS = st.sampled_from([1, 0, None, True, 1.5, ("a",), "k\x00", "\x00", "\udc80", frozenset(), b"k", Decimal(1),

@@ -14,9 +14,9 @@ from django.contrib.auth.models import User
 from django.db import connection, reset_queries
 from django.test.utils import CaptureQueriesContext
 
+from benchmarks import admin_scenario
 from timeouts import partitions
 from timeouts.models import TimeoutTask
-from benchmarks import admin_scenario
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(120)]

@@ -2,7 +2,7 @@
 
 import threading
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db
 
 
 def in_an_hour():
-    return datetime.now(timezone.utc) + timedelta(hours=1)
+    return datetime.now(UTC) + timedelta(hours=1)
 
 
 def test_schedule_at_stores_every_field():
@@ -63,8 +63,8 @@ def test_handler_settings_become_row_defaults():
 
 
 def test_past_and_far_future_times_are_accepted():
-    past = TimeoutTask.objects.schedule("test.record", 1, at=datetime(2001, 1, 1, tzinfo=timezone.utc))
-    future = TimeoutTask.objects.schedule("test.record", 2, at=datetime(9000, 1, 1, tzinfo=timezone.utc))
+    past = TimeoutTask.objects.schedule("test.record", 1, at=datetime(2001, 1, 1, tzinfo=UTC))
+    future = TimeoutTask.objects.schedule("test.record", 2, at=datetime(9000, 1, 1, tzinfo=UTC))
     assert list(TimeoutTask.objects.due()) == [past]
     assert TimeoutTask.objects.pending().count() == 2 and future.action_time.year == 9000
 
@@ -90,7 +90,7 @@ BAD_INPUT = [
     (timeouts.InvalidAttribute, dict(delay=5, attribute={"a\x00": 1})),
     (timeouts.InvalidAttribute, dict(delay=5, attribute={1: "int key"})),
     (timeouts.InvalidAttribute, dict(delay=5, attribute={"t": (1, 2)})),
-    (timeouts.InvalidAttribute, dict(delay=5, attribute={"d": datetime.now(timezone.utc)})),
+    (timeouts.InvalidAttribute, dict(delay=5, attribute={"d": datetime.now(UTC)})),
     (timeouts.InvalidAttribute, dict(delay=5, attribute={"big": "x" * 70_000})),
     (timeouts.InvalidOption, dict(delay=5, on_conflict="merge")),
 ]
@@ -244,7 +244,7 @@ def test_cancel_by_key_counts():
 
 def test_reschedule_moves_the_task_across_partitions():
     task = TimeoutTask.objects.schedule("test.record", 1, delay=60)
-    later = datetime.now(timezone.utc) + timedelta(days=3)
+    later = datetime.now(UTC) + timedelta(days=3)
     assert task.reschedule(at=later) is True
     assert task.action_time == later == task.run_at
     stored = TimeoutTask.objects.get(job_id=task.job_id)

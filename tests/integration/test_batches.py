@@ -2,7 +2,7 @@
 grouped and published, and that each task of a batch is still fenced, never early, run once, and
 not held behind a slow handler."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from celery.utils.saferepr import saferepr
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def schedule_due(biz_type, n, ago=5, **extra):
     """n tasks due `ago` seconds ago, a millisecond apart, oldest first."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return [TimeoutTask.objects.schedule(biz_type, f"{biz_type}-{i}", at=now - timedelta(seconds=ago) + timedelta(
         milliseconds=i), **extra) for i in range(n)]
 
@@ -63,7 +63,7 @@ def test_tasks_claimed_ahead_share_a_message_only_when_due_within_the_batch_wind
     a batch even alone, since a batch's items carry their run_at: its message is due ETA_HEADROOM
     early, and the worker process waits out the rest itself."""
     broker.flushdb()
-    at = datetime.now(timezone.utc) + timedelta(seconds=2)
+    at = datetime.now(UTC) + timedelta(seconds=2)
     together = [TimeoutTask.objects.schedule("test.record", i, at=at) for i in range(3)]
     apart = [TimeoutTask.objects.schedule("test.record", i, at=at + timedelta(milliseconds=50 * (i + 1)))
              for i in range(2)]
@@ -184,7 +184,7 @@ def test_a_done_whose_lease_ran_out_meanwhile_is_reported_lost_and_the_next_task
 
 
 def test_a_batch_claimed_ahead_starts_each_task_at_its_own_time_never_before(starts):
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     tasks = [TimeoutTask.objects.schedule("test.record", i, at=now + timedelta(milliseconds=300 + 100 * i))
              for i in range(3)]
     claims = claim_due(10, lead=5)

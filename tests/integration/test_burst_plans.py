@@ -4,7 +4,7 @@ key for `action_time = x` and, given the choice, reads every task due at x to fi
 burst of n tasks would cost n * n row reads in the claim and in the worker's start and DONE."""
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
@@ -54,7 +54,7 @@ def explain_analyze(sql, params):
 
 def test_the_claim_reads_each_claimed_task_once():
     # Due a second ago, so the whole burst is claimable.
-    burst_in_a_partition_with_stale_statistics(datetime.now(timezone.utc) - timedelta(seconds=1))
+    burst_in_a_partition_with_stale_statistics(datetime.now(UTC) - timedelta(seconds=1))
     params = {"limit": BURST // 2, "lead": 0.0, "max_dispatched": 10 * BURST}
     plan = explain_analyze(queries.QUERIES["claim_due"], params)
     assert '"Actual Rows": 500' in json.dumps(plan)
@@ -63,7 +63,7 @@ def test_the_claim_reads_each_claimed_task_once():
 
 
 def test_the_workers_start_and_done_find_each_task_by_its_primary_key():
-    at = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(days=3)
+    at = datetime.now(UTC).replace(microsecond=0) + timedelta(days=3)
     partition = burst_in_a_partition_with_stale_statistics(at)
     task, other = TimeoutTask.objects.filter(action_time=at).order_by("-job_id")[:2]
     params = {"job_id": task.job_id, "action_time": at, "attempt": 1, "lease_extra": 0.0,

@@ -9,7 +9,7 @@ refused: never the other way round, and never with any other exception.
 
 import json
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
@@ -18,8 +18,15 @@ from hypothesis import strategies as st
 
 from tests.factories import move_to
 from tests.input_strategies import FIELDS, KEY_BIZ_IDS, VALID_TIMES, Arg, any_of, bulk_items, schedule_args
-from timeouts import InvalidAttribute, InvalidBizId, InvalidBizType, InvalidOption, InvalidTime, TaskConflict
-from timeouts import TimeoutsError
+from timeouts import (
+    InvalidAttribute,
+    InvalidBizId,
+    InvalidBizType,
+    InvalidOption,
+    InvalidTime,
+    TaskConflict,
+    TimeoutsError,
+)
 from timeouts.conf import get_settings
 from timeouts.models import TimeoutTask
 from timeouts.registry import get_handler
@@ -98,7 +105,7 @@ def check_stored(task, *, biz_type, biz_id, when, attribute, clock, status=Statu
 def check_time(row, when, clock):
     if "at" in when:
         # astimezone() resolves fold= and DST gaps the way Python defines them: that is "the aware instant".
-        assert row.action_time == when["at"].astimezone(timezone.utc)
+        assert row.action_time == when["at"].astimezone(UTC)
     else:
         before, after = clock
         assert before + as_delay(when["delay"]) <= row.action_time <= after + as_delay(when["delay"])
@@ -245,7 +252,7 @@ def test_bulk_schedule_stores_every_item_exactly_or_nothing(items, seeded):
     event(f"accepted: {created} created")
     new_rows = list(TimeoutTask.objects.filter(job_id__gt=before[2] or 0).order_by("job_id"))
     assert len(new_rows) == len(expected)
-    for row, (item, status) in zip(new_rows, expected):
+    for row, (item, status) in zip(new_rows, expected, strict=False):
         check_stored(row, biz_type=item.kwargs["biz_type"], biz_id=item.kwargs["biz_id"],
                      when={k: item.kwargs[k] for k in ("at", "delay") if k in item.kwargs},
                      attribute=item.kwargs.get("attribute"), clock=clock, status=status)
@@ -254,7 +261,7 @@ def test_bulk_schedule_stores_every_item_exactly_or_nothing(items, seeded):
 
 
 WHERE = {"past": {"delay": -3600}, "now": {"delay": 0}, "days ahead": {"delay": timedelta(days=3)},
-         "years ahead": {"at": datetime(2100, 1, 1, tzinfo=timezone.utc)}}
+         "years ahead": {"at": datetime(2100, 1, 1, tzinfo=UTC)}}
 
 
 @settings(PROPERTY, max_examples=60)

@@ -1,7 +1,7 @@
 """The write side of the dispatcher's wake-ups: NOTIFY sent inside the writing transaction, only for
 deadlines within NOTIFY_HORIZON, at most once per transaction for its earliest deadline."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -39,7 +39,7 @@ def test_a_task_due_within_the_horizon_notifies_its_deadline(listener):
 def test_outside_a_transaction_the_insert_notifies_itself_with_the_functions_payload(listener):
     # In autocommit, schedule() runs insert_task_autocommit, which calls pg_notify() itself; inside
     # a transaction insert_task goes through timeouts_notify_v1. Dispatchers must read the same text.
-    at = datetime.now(timezone.utc).replace(microsecond=123456) + timedelta(seconds=5)
+    at = datetime.now(UTC).replace(microsecond=123456) + timedelta(seconds=5)
     TimeoutTask.objects.schedule("test.record", 1, at=at)
     with transaction.atomic():
         TimeoutTask.objects.schedule("test.record", 2, at=at)
@@ -62,7 +62,7 @@ def test_a_rolled_back_schedule_never_notifies(listener):
 
 
 def test_one_notification_per_transaction_for_its_earliest_deadline(listener):
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     with transaction.atomic():
         first = TimeoutTask.objects.schedule("test.record", 1, at=now + timedelta(seconds=1))
         for i in range(2, 20):
@@ -71,7 +71,7 @@ def test_one_notification_per_transaction_for_its_earliest_deadline(listener):
 
 
 def test_bulk_schedule_sends_one_notification(listener):
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     items = [{"biz_type": "test.record", "biz_id": i, "at": now + timedelta(seconds=30 - i / 100)} for i in range(2000)]
     TimeoutTask.objects.bulk_schedule(items)
     assert listener() == [pytest.approx(epoch(now + timedelta(seconds=30 - 1999 / 100)), abs=1e-6)]

@@ -1,13 +1,13 @@
 """The worker's start and DONE go straight to the partition the claim found the row in (the message
 carries it), and through the partitioned parent whenever that is not where the row is."""
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from timeouts import batches, partition_ddl, queries, running
+from timeouts import partition_ddl, queries, running
 from timeouts.claiming import claim_due
 from timeouts.models import TimeoutTask
 
@@ -68,7 +68,7 @@ def test_a_message_naming_no_usable_partition_runs_through_the_parent(starts, pa
 def test_a_row_moved_out_of_default_after_its_claim_is_found_through_the_parent(starts):
     # Due long ago, before any partition: the row is in DEFAULT when claimed, then maintenance
     # creates the partition for its range and moves it there before the worker starts it.
-    action_time = datetime(2001, 2, 3, 4, 5, tzinfo=timezone.utc)
+    action_time = datetime(2001, 2, 3, 4, 5, tzinfo=UTC)
     claim = claim_one(at=action_time)
     assert claim.partition == "timeouts_task_default"
     columns = partition_ddl.column_names(connection)

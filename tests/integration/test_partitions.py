@@ -189,7 +189,7 @@ def test_past_bucket_gets_its_partition_far_future_stays_in_default():
 def test_retention_drops_only_partitions_whose_tasks_all_finished():
     now = at("2021-03-20T12:00:00")
     days = {status: at(f"2021-03-0{day}T10:00:00") for day, status in
-            zip(range(1, 7), (PENDING, DISPATCHED, RUNNING, DEAD, DONE, CANCELLED))}
+            zip(range(1, 7), (PENDING, DISPATCHED, RUNNING, DEAD, DONE, CANCELLED), strict=True)}
     tasks = {status: schedule(when, str(status)) for status, when in days.items()}
     done_too = schedule(days[CANCELLED] + timedelta(hours=1), "done-too")
     with settings(RETENTION=timedelta(days=2)):
@@ -265,13 +265,14 @@ def test_interval_change_creates_no_overlapping_partition():
     with settings(PARTITION_INTERVAL="month", PARTITIONS_AHEAD=1):
         monthly = partitions.maintain(now=now)
 
-    assert weekly.skipped_overlaps == {"timeouts_task_w20210510": "overlaps timeouts_task_d20210512; its rows stay in DEFAULT"}
+    assert weekly.skipped_overlaps == {
+        "timeouts_task_w20210510": "overlaps timeouts_task_d20210512; its rows stay in DEFAULT"}
     assert weekly.created == ["timeouts_task_w20210517", "timeouts_task_w20210524"]
     assert list(monthly.skipped_overlaps) == ["timeouts_task_m202105"] and monthly.created == ["timeouts_task_m202106"]
     assert weekly.failed == monthly.failed == {}
     assert table_of(in_gap) == "timeouts_task_default"
     ranges = sorted(current().values())
-    for (_, upper), (lower, _) in zip(ranges, ranges[1:]):
+    for (_, upper), (lower, _) in zip(ranges, ranges[1:], strict=False):
         assert upper <= lower, "partitions overlap"
 
 

@@ -2,7 +2,7 @@
 driven in-process (the Celery message is just a call of running.run with its arguments)."""
 
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
@@ -58,7 +58,7 @@ def test_future_tasks_are_not_claimed():
 
 
 def test_claims_come_in_due_order_and_in_batches():
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     TimeoutTask.objects.bulk_schedule(
         [{"biz_type": "test.record", "biz_id": i, "at": now - timedelta(seconds=i)} for i in range(25)]
     )
@@ -171,7 +171,8 @@ def test_cancel_waits_for_a_concurrent_start_and_then_loses(starts):
 
     def start_and_hold():
         with transaction.atomic():
-            row = fetch_one("start_task", {"job_id": claim.job_id, "action_time": claim.action_time, "attempt": 1, "lease_extra": 0})
+            row = fetch_one("start_task", {"job_id": claim.job_id, "action_time": claim.action_time, "attempt": 1,
+                                           "lease_extra": 0})
             started.set()
             release.wait(10)
         return row

@@ -13,14 +13,21 @@ so whether a task is due never depends on how fast the machine runs.
 
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    Bundle, RuleBasedStateMachine, initialize, invariant, multiple, precondition, rule, run_state_machine_as_test,
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+    run_state_machine_as_test,
 )
 
 from timeouts import TaskConflict, running
@@ -47,7 +54,7 @@ WHEN = {  # name: (schedule()/reschedule() arguments relative to the machine's s
     "now": (lambda t0: {"delay": 0}, True),
     "in an hour": (lambda t0: {"delay": 3600}, False),
     "in 3 days": (lambda t0: {"delay": timedelta(days=3)}, False),  # another daily partition
-    "in 2100": (lambda t0: {"at": datetime(2100, 1, 1, tzinfo=timezone.utc)}, False),  # beyond them: DEFAULT
+    "in 2100": (lambda t0: {"at": datetime(2100, 1, 1, tzinfo=UTC)}, False),  # beyond them: DEFAULT
 }
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 SEEN = Counter()  # what the runs reached, so the test can tell it explored the interesting states
@@ -325,7 +332,7 @@ class TaskMachine(RuleBasedStateMachine):
     def worker_pass(self, limit, outcomes):
         """A worker taking a batch end to end: claim, start each, then finish, fail, or still be running."""
         still_running = []
-        for message, outcome in zip(self.claim(limit, 0.0).values, outcomes):
+        for message, outcome in zip(self.claim(limit, 0.0).values, outcomes, strict=False):
             run = self.start(message)
             assert isinstance(run, Run), "a fresh claim's message did not start"
             if outcome == "keeps running":

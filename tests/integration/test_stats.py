@@ -83,7 +83,7 @@ def test_status_counts_exact_and_sampled(monkeypatch):
 
 def test_lateness_percentiles_of_recent_first_attempts():
     tasks = [TimeoutTask.objects.schedule("test.record", i, at=now() - timedelta(minutes=2)) for i in range(5)]
-    for task, late in zip(tasks[:4], (0.1, 0.2, 0.3, 10.0)):
+    for task, late in zip(tasks[:4], (0.1, 0.2, 0.3, 10.0), strict=True):
         move_to(task, Status.DONE, started_after=late)
     TimeoutTask.objects.schedule("test.record", "old", at=now() - timedelta(hours=2))  # outside the window
     late = stats.lateness(minutes=15)

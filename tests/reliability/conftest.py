@@ -28,7 +28,8 @@ from .system import System
 def _shared_server_url(database) -> str:
     db = settings.DATABASES["default"]
     password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
-    return f"postgres://{db['USER'] or 'postgres'}{password}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{database}"
+    host = f"{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}"
+    return f"postgres://{db['USER'] or 'postgres'}{password}@{host}/{database}"
 
 
 @pytest.fixture(scope="session")

@@ -118,7 +118,8 @@ class Oracle:
     def record_scheduled(self, jobs, outcome):
         """jobs: [(job_id, biz_type, biz_id)]."""
         with self.conn.cursor() as cursor:
-            cursor.executemany("INSERT INTO oracle_scheduled (job_id, biz_type, biz_id, outcome) VALUES (%s, %s, %s, %s)",
+            cursor.executemany("INSERT INTO oracle_scheduled (job_id, biz_type, biz_id, outcome) "
+                               "VALUES (%s, %s, %s, %s)",
                                [(*job, outcome) for job in jobs])
 
     def record_cancel(self, job_id, result):

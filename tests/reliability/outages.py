@@ -270,7 +270,9 @@ class Timeline:
         values = sorted(report.first_lateness.values())
         if not values:
             return {}
-        pick = lambda q: round(values[min(len(values) - 1, int(q * len(values)))], 3)
+        def pick(q):
+            return round(values[min(len(values) - 1, int(q * len(values)))], 3)
+
         return {"p50": pick(0.5), "p90": pick(0.9), "p99": pick(0.99), "max": round(values[-1], 3)}
 
     def numbers(self, **observed):

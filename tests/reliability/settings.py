@@ -6,9 +6,10 @@ them every second)."""
 
 import os
 
-from tests.settings import *
+from tests.settings import *  # noqa: F403
 
 _visibility_timeout = os.environ.get("TIMEOUTS_TEST_VISIBILITY_TIMEOUT")
-if _visibility_timeout and CELERY_BROKER_URL.startswith("redis"):
-    CELERY_BROKER_TRANSPORT_OPTIONS = {**CELERY_BROKER_TRANSPORT_OPTIONS, "visibility_timeout": float(_visibility_timeout),
+if _visibility_timeout and CELERY_BROKER_URL.startswith("redis"):  # noqa: F405
+    CELERY_BROKER_TRANSPORT_OPTIONS = {**CELERY_BROKER_TRANSPORT_OPTIONS,  # noqa: F405
+                                       "visibility_timeout": float(_visibility_timeout),
                                        "unacked_restore_interval": 1, "unacked_restore_throttle": 1}

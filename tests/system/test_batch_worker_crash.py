@@ -3,7 +3,7 @@ delivered again and each of its tasks still runs at most once."""
 
 import time
 from collections import Counter
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def schedule_due(biz_type, n, ago=5):
     """n tasks due `ago` seconds ago, a millisecond apart, oldest first."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return [TimeoutTask.objects.schedule(biz_type, f"{biz_type}-{i}", at=now - timedelta(seconds=ago) + timedelta(
         milliseconds=i)) for i in range(n)]
 

@@ -4,7 +4,7 @@ import os
 import signal
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psutil
 import pytest
@@ -33,7 +33,7 @@ def finished(n):
 
 @pytest.mark.timeout(90)
 def test_due_tasks_run_once_on_their_queue_and_never_early(worker, starts):
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     tasks = [TimeoutTask.objects.schedule("test.record", i, at=now + timedelta(seconds=1 + i / 10)) for i in range(10)]
     tasks.append(TimeoutTask.objects.schedule("test.queued", "q", at=now + timedelta(seconds=1)))
     scan_until(finished(len(tasks)), 60, "all tasks done")
@@ -54,7 +54,7 @@ def test_rolled_back_scheduling_never_runs(worker, starts):
 
 @pytest.mark.timeout(120)
 def test_a_true_cancel_racing_dispatch_never_runs(worker, starts):
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     TimeoutTask.objects.bulk_schedule(
         [{"biz_type": "test.record", "biz_id": i, "at": now + timedelta(milliseconds=5 * i)} for i in range(400)]
     )
@@ -92,7 +92,7 @@ def test_a_true_cancel_racing_dispatch_never_runs(worker, starts):
 @pytest.mark.timeout(480)
 def test_ten_thousand_due_tasks_two_scanners_each_handler_starts_once(worker, starts):
     count = 10_000
-    at = datetime.now(timezone.utc) + timedelta(seconds=2)
+    at = datetime.now(UTC) + timedelta(seconds=2)
     TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": i, "at": at} for i in range(count)])
     errors = []
 

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psutil
 import pytest
@@ -135,7 +135,7 @@ def test_ten_thousand_tasks_two_dispatchers_and_the_scan_start_each_handler_once
             connection.close()
 
     with dispatcher_process("dispatcher-a"), dispatcher_process("dispatcher-b"):
-        at = datetime.now(timezone.utc) + timedelta(seconds=2)
+        at = datetime.now(UTC) + timedelta(seconds=2)
         TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": i, "at": at} for i in range(count)])
         scanner = threading.Thread(target=keep_scanning)
         scanner.start()
@@ -156,7 +156,7 @@ def test_ten_thousand_tasks_two_dispatchers_and_the_scan_start_each_handler_once
 
 @pytest.mark.timeout(60)
 def test_waiting_for_far_away_tasks_costs_almost_nothing():
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     TimeoutTask.objects.bulk_schedule(
         [{"biz_type": "test.record", "biz_id": i, "at": now + timedelta(minutes=30, seconds=i * 0.18)}
          for i in range(10_000)]
@@ -179,7 +179,7 @@ def test_a_backlog_held_back_by_backpressure_does_not_spin_the_dispatcher(worker
     must wait a little and claim what freed up in chunks, not chase every start with a claim of its
     own: such a hot loop of tiny claims takes a CPU of the database from the workers it waits for."""
     settings.TIMEOUTS = {**settings.TIMEOUTS, "MAX_DISPATCHED": 50}
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     TimeoutTask.objects.bulk_schedule(
         [{"biz_type": "test.record", "biz_id": i, "at": now - timedelta(seconds=1)} for i in range(3000)])
     with dispatcher_thread() as dispatcher:
@@ -205,7 +205,7 @@ def _thread_cpu(thread) -> float:
 
 @pytest.mark.timeout(60)
 def test_the_nearest_deadline_is_read_from_the_due_index_of_every_partition():
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     TimeoutTask.objects.bulk_schedule(
         [{"biz_type": "test.record", "biz_id": i, "at": now + timedelta(hours=i % 72)} for i in range(3000)]
     )

@@ -6,7 +6,7 @@ import socket
 import threading
 import time
 from contextlib import suppress
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -88,7 +88,7 @@ def test_a_silent_broker_cannot_hang_the_dispatcher_and_no_task_starts_twice(wor
 @pytest.mark.timeout(60)
 def test_sigterm_stops_promptly_and_leaves_no_claim_without_a_message(broker):
     broker.flushdb()
-    at = datetime.now(timezone.utc) + timedelta(seconds=1)
+    at = datetime.now(UTC) + timedelta(seconds=1)
     TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": i, "at": at} for i in range(5000)])
     with dispatcher_process("dispatcher-sigterm", "--batch-size", "50") as process:
         processes.wait_for(lambda: TimeoutTask.objects.filter(status=Status.DISPATCHED).exists(), 20, interval=0.01,
@@ -105,7 +105,8 @@ def test_sigterm_stops_promptly_and_leaves_no_claim_without_a_message(broker):
 
 
 def published_job_ids(broker) -> set[int]:
-    """The job ids of the `timeouts.run` and `timeouts.run_batch` messages waiting in the broker (no worker runs here)."""
+    """The job ids of the `timeouts.run` and `timeouts.run_batch` messages waiting in the broker (no
+    worker runs here)."""
     ids = [job_id for _name, job_ids, _limit in queued_messages(broker) for job_id in job_ids]
     assert len(ids) == len(set(ids)), "a task was published twice"
     return set(ids)

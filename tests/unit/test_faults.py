@@ -73,7 +73,8 @@ def test_exit_ends_the_process_at_once_after_logging(tmp_path):
     log = tmp_path / "faults.log"
     code = "from timeouts import faults; faults.fault('claim.after_commit'); print('survived')"
     env = {**os.environ, "TIMEOUTS_FAULTS": "claim.after_commit=exit", "TIMEOUTS_FAULTS_LOG": str(log)}
-    result = subprocess.run([sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True,
+                            timeout=60)
     assert result.returncode == faults.EXIT_STATUS and "survived" not in result.stdout
     [(_pid, point, action)] = faults.fired(log)
     assert (point, action) == ("claim.after_commit", "exit")

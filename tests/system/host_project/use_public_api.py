@@ -1,7 +1,7 @@
 """Every call of the documented public API, from a host project that only has the installed app."""
 
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import django
 
@@ -10,18 +10,19 @@ django.setup()
 
 from django.core.management import call_command  # noqa: E402
 from django.db import transaction  # noqa: E402
+from shop.timeouts_handlers import CLOSED  # noqa: E402
 
 import timeouts  # noqa: E402
 import timeouts.celery  # noqa: E402
-from shop.timeouts_handlers import CLOSED  # noqa: E402
 from timeouts.models import TimeoutTask  # noqa: E402
 
 assert "/tests/host_project" not in timeouts.__file__, "timeouts must come from the installed wheel"
 call_command("migrate", verbosity=0)
 Status = TimeoutTask.Status
-now = datetime.now(timezone.utc)
+now = datetime.now(UTC)
 
-task = TimeoutTask.objects.schedule("order.close", biz_id=42, at=now - timedelta(seconds=1), attribute={"reason": "unpaid"})
+task = TimeoutTask.objects.schedule("order.close", biz_id=42, at=now - timedelta(seconds=1),
+                                    attribute={"reason": "unpaid"})
 assert (task.status, task.biz_id, task.max_attempts, task.ttr) == (Status.PENDING, "42", 3, 30)
 later = timeouts.schedule("order.close", 43, delay=timedelta(minutes=30), on_conflict="error")
 try:
@@ -30,7 +31,8 @@ try:
 except timeouts.TaskConflict:
     pass
 assert TimeoutTask.objects.schedule("order.close", 43, delay=5, on_conflict="keep").job_id == later.job_id
-assert TimeoutTask.objects.bulk_schedule([{"biz_type": "order.close", "biz_id": i, "delay": 3600} for i in range(5)]) == 5
+assert TimeoutTask.objects.bulk_schedule([{"biz_type": "order.close", "biz_id": i, "delay": 3600}
+                                          for i in range(5)]) == 5
 with transaction.atomic():
     TimeoutTask.objects.schedule("order.close", "rolled-back", delay=-1)
     transaction.set_rollback(True)
