@@ -23,18 +23,24 @@ __all__ = [
 
 # The model cannot be imported before Django's app registry is ready, hence these thin functions.
 def schedule(biz_type, biz_id, **kwargs):
+    """`TimeoutTask.objects.schedule()`: the handler of `biz_type` runs for `biz_id` at `at=` (an
+    aware datetime) or after `delay=` (a timedelta or seconds); returns the task."""
     from .models import TimeoutTask
 
     return TimeoutTask.objects.schedule(biz_type, biz_id, **kwargs)
 
 
 def bulk_schedule(items):
+    """`TimeoutTask.objects.bulk_schedule()`: many tasks in one transaction, from dicts with
+    schedule()'s keys; returns how many."""
     from .models import TimeoutTask
 
     return TimeoutTask.objects.bulk_schedule(items)
 
 
 def cancel(biz_type, biz_id):
+    """`TimeoutTask.objects.cancel()`: cancels every task of (biz_type, biz_id) that has not started;
+    returns how many. Their handlers never run."""
     from .models import TimeoutTask
 
     return TimeoutTask.objects.cancel(biz_type, biz_id)

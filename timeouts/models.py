@@ -14,6 +14,7 @@ from .states import Status
 
 class TimeoutTaskQuerySet(models.QuerySet):
     def pending(self):
+        """Tasks waiting for their time (or for their next attempt after a failure)."""
         return self.filter(status=TimeoutTask.Status.PENDING)
 
     def due(self):
@@ -24,6 +25,7 @@ class TimeoutTaskQuerySet(models.QuerySet):
         return self.pending().filter(run_at__lte=now, action_time__lte=now)
 
     def dead(self):
+        """Tasks whose handler failed max_attempts times: they wait for an operator's requeue()."""
         return self.filter(status=TimeoutTask.Status.DEAD)
 
 
