@@ -1,4 +1,4 @@
-"""Races under load (issue #5): claimers racing on one instant's tasks, a cancel storm while tasks come
+"""Races under load: claimers racing on one instant's tasks, a cancel storm while tasks come
 due and move across partitions, and on_conflict scheduling of one key from two threads. Sizes scale
 with TIMEOUTS_RELIABILITY_SCALE (race_tools.py); run with -s
 to see what each scenario measured."""

@@ -1,4 +1,4 @@
-"""Races under load (issue #5), continued: partition maintenance (create ahead, move rows out of
+"""Races under load, continued: partition maintenance (create ahead, move rows out of
 DEFAULT, drop old partitions) while tasks come due and are dispatched. Sizes scale with
 TIMEOUTS_RELIABILITY_SCALE (race_tools.py); run with -s to see the lateness measured."""
 
