@@ -14,12 +14,16 @@ instead of a broker or a worker's memory (importable as `timeouts.celery.Durable
   returned True wins. The row then records the outcome: DONE when the task returned, raised
   Retry (the retry is a call of its own, with the same task_id), Ignore or Reject; DEAD with the
   traceback when it raised anything else or Celery killed it at its hard time limit (Celery
-  records the FAILURE as usual; an operator may requeue the row). A worker lost mid-run leaves
-  the row RUNNING: its lease (the call's hard time limit, else the task's `ttr`, else
-  DEFAULT_TTR) runs out and the call runs again.
+  records the FAILURE as usual; an operator may requeue the row). While the call runs, a thread
+  of the worker process extends its lease (the call's hard time limit, else the task's `ttr`,
+  else DEFAULT_TTR) every third of it; a worker lost mid-run stops extending it, the lease runs
+  out, and the call runs again.
 """
 
 import logging
+import os
+import threading
+import time
 import traceback
 from datetime import datetime, timedelta
 
@@ -42,8 +46,9 @@ MAX_ERROR_LENGTH = 20_000
 class DurableTask(Task):
     """A Celery task whose not-yet-due eta/countdown calls are stored durably by timeouts."""
 
-    #: Seconds a started call may run before it counts as lost and runs again (its lease). None:
-    #: the call's hard time limit, if it has one, else TIMEOUTS["DEFAULT_TTR"].
+    #: Seconds after which a started call whose worker stopped extending its lease (the worker
+    #: died) counts as lost, and runs again. None: the call's hard time limit, if it has one,
+    #: else TIMEOUTS["DEFAULT_TTR"].
     ttr = None
 
     def apply_async(self, args=None, kwargs=None, task_id=None, producer=None, link=None, link_error=None,
@@ -128,6 +133,7 @@ def _run_fenced(task, fence, body, args, kwargs):
                     task.name, task.request.id, job_id, attempt)
         raise Ignore()
     events.started(row, attempt)
+    _heartbeat.add(key, attempt, row.ttr)
     try:
         result = body(*args, **kwargs)
     except Retry as exc:
@@ -162,6 +168,7 @@ def _end(row, key, attempt, status, error):
     stands, and the row's lease runs out (the call runs again: at least once)."""
     from . import events, own_connection, running
 
+    _heartbeat.remove(key)
     params = {**key, "attempt": attempt, "status": int(status), "error": error}
     try:
         with own_connection.used():
@@ -173,3 +180,64 @@ def _end(row, key, attempt, status, error):
         logger.warning("timeouts: %s finished after its lease expired", row)
         return
     events.ran(row, "done" if status == row.Status.DONE else "dead")
+
+
+class _Heartbeat:
+    """Extends the leases of the calls running in this process, every third of the shortest lease,
+    from a thread of its own (with its own connection): a call may run longer than its lease
+    without being taken for lost, while the lease still finds a process that died (killed, out of
+    memory, its machine gone) within one lease."""
+
+    MIN_INTERVAL = 0.2  # seconds
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running = {}  # (job_id, action_time) -> (attempt, ttr)
+        self.wake = threading.Event()
+        self.pid = None
+
+    def add(self, key, attempt, ttr):
+        with self.lock:
+            self.running[key["job_id"], key["action_time"]] = (attempt, ttr)
+            if self.pid != os.getpid():  # none yet in this process (a pool process is forked)
+                self.pid = os.getpid()
+                threading.Thread(target=self._beat, name="timeouts-call-leases", daemon=True).start()
+        self.wake.set()
+
+    def remove(self, key):
+        with self.lock:
+            self.running.pop((key["job_id"], key["action_time"]), None)
+
+    def _beat(self):
+        from . import own_connection
+        from .queries import fetch_dicts
+
+        due = None  # monotonic time of the next extension
+        while True:
+            self.wake.clear()  # before reading: a call added meanwhile wakes the wait below
+            with self.lock:
+                ttrs = [ttr for _, ttr in self.running.values()]
+            if not ttrs:
+                due = None
+            else:
+                soonest = time.monotonic() + max(self.MIN_INTERVAL, min(ttrs) / 3)
+                due = soonest if due is None else min(due, soonest)
+            if self.wake.wait(None if due is None else max(0.0, due - time.monotonic())):
+                continue  # a call was added: its lease may be shorter
+            due = None
+            with self.lock:
+                running = dict(self.running)
+            if not running:
+                continue
+            params = {"job_ids": [job_id for job_id, _ in running],
+                      "action_times": [action_time for _, action_time in running],
+                      "attempts": [attempt for attempt, _ in running.values()]}
+            try:
+                with own_connection.used():
+                    fetch_dicts("extend_call_leases", params)
+            except Exception:
+                logger.exception("timeouts: could not extend the leases of %d running calls", len(running))
+                own_connection.close()
+
+
+_heartbeat = _Heartbeat()

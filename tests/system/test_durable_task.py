@@ -260,3 +260,14 @@ def test_a_chain_with_a_countdown_runs_every_step(worker, runs):
     chain(tasks.record.s("first"), tasks.record.s("second")).apply_async(countdown=0.5)
     scan_until(lambda: runs.count() == 2, 30, "both steps")
     assert [r[2] for r in runs.all()] == [["first"], [["first"], "second"]]  # a step gets its parent's result
+
+
+@pytest.mark.timeout(60)
+def test_a_call_running_longer_than_its_lease_runs_once(worker, runs):
+    """Its worker extends the lease while it runs: lease recovery does not take it for lost."""
+    result = tasks.longer_than_its_lease.apply_async((4,), countdown=0.3)
+    scan_until(lambda: runs.count() == 1, 30, "the call to start")
+    scan_until(settled, 30, "the call to end")  # each scan recovers expired leases first
+    assert [r[0] for r in runs.all()] == [result.id]
+    row = calls().get()
+    assert (row.status, row.attempts, row.last_error) == (Status.DONE, 1, "")

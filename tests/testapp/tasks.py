@@ -78,3 +78,10 @@ def overrun(self):
     """Runs past its hard time limit: Celery kills it."""
     record_call(self, [], {})
     time.sleep(10)
+
+
+@shared_task(base=DurableTask, bind=True, name="tests.durable.longer_than_its_lease", ttr=1)
+def longer_than_its_lease(self, seconds):
+    """Runs for several of its (1 s) leases."""
+    record_call(self, [seconds], {})
+    time.sleep(seconds)

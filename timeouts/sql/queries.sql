@@ -305,3 +305,15 @@ SET status = :DEAD, finished_at = c.now, modified_at = c.now, lease_until = NULL
 FROM (SELECT clock_timestamp() AS now) AS c
 WHERE biz_id = %(task_id)s AND biz_type LIKE 'celery:%%' AND status = :RUNNING
 RETURNING job_id, biz_type;
+
+
+-- name: extend_call_leases
+-- The leases of the calls still running in one worker process (durable.py's heartbeat), fenced
+-- as finish_task: a long call is not taken for lost while its process lives, and the leases of a
+-- process that died run out as before.
+UPDATE timeouts_task AS t
+SET lease_until = clock_timestamp() + t.ttr * interval '1 second'
+FROM unnest(%(job_ids)s::bigint[], %(action_times)s::timestamptz[], %(attempts)s::integer[])
+    AS r(job_id, action_time, attempt)
+WHERE t.job_id = r.job_id AND t.action_time = r.action_time AND t.status = :RUNNING AND t.attempts = r.attempt
+RETURNING t.job_id;
