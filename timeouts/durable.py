@@ -12,8 +12,8 @@ instead of a broker or a worker's memory (importable as `timeouts.celery.Durable
   worker starts the task only if the message still owns the row's current attempt (the
   compare-and-set of `timeouts.run`): a message published twice runs once, and a cancel that
   returned True wins. The row then records the outcome: DONE when the task returned, raised
-  Retry (the retry is a call of its own, with the same task_id), Ignore or Reject; DEAD with the
-  traceback when it raised anything else or Celery killed it at its hard time limit (Celery
+  Retry (the retry is a call of its own, with the same task_id) or Ignore; DEAD with the reason
+  when it raised Reject or anything else, or Celery killed it at its hard time limit (Celery
   records the FAILURE as usual; an operator may requeue the row). While the call runs, a thread
   of the worker process extends its lease (the call's hard time limit, else the task's `ttr`,
   else DEFAULT_TTR) every third of it; a worker lost mid-run stops extending it, the lease runs
@@ -139,8 +139,13 @@ def _run_fenced(task, fence, body, args, kwargs):
     except Retry as exc:
         _end(row, key, attempt, row.Status.DONE, f"retried: {exc}")
         raise
-    except (Ignore, Reject) as exc:
-        _end(row, key, attempt, row.Status.DONE, f"{type(exc).__name__}: {exc}")
+    except Ignore:  # the task asked Celery to record nothing (Task.replace() does so too)
+        _end(row, key, attempt, row.Status.DONE, "")
+        raise
+    except Reject as exc:
+        # Rejected, also when a retry could not be sent: the call did not complete. A message
+        # Celery requeues would find its row ended, so the row is left for an operator to requeue.
+        _end(row, key, attempt, row.Status.DEAD, f"rejected: {exc.reason!r}")
         raise
     except Exception:
         _end(row, key, attempt, row.Status.DEAD, traceback.format_exc()[-MAX_ERROR_LENGTH:])

@@ -271,3 +271,12 @@ def test_a_call_running_longer_than_its_lease_runs_once(worker, runs):
     assert [r[0] for r in runs.all()] == [result.id]
     row = calls().get()
     assert (row.status, row.attempts, row.last_error) == (Status.DONE, 1, "")
+
+
+@pytest.mark.timeout(60)
+def test_a_rejected_call_ends_dead_with_the_reason(worker, runs):
+    tasks.reject.apply_async(countdown=0.3)
+    scan_until(settled, 30, "the rejected call")
+    [row] = calls()
+    assert row.status == Status.DEAD and "rejecting on purpose" in row.last_error
+    assert runs.count() == 1

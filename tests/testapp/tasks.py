@@ -6,6 +6,7 @@ import json
 import time
 
 from celery import shared_task
+from celery.exceptions import Reject
 from psycopg.types.json import Jsonb
 
 from timeouts.celery import DurableTask
@@ -85,3 +86,9 @@ def longer_than_its_lease(self, seconds):
     """Runs for several of its (1 s) leases."""
     record_call(self, [seconds], {})
     time.sleep(seconds)
+
+
+@shared_task(base=DurableTask, bind=True, name="tests.durable.reject")
+def reject(self):
+    record_call(self, [], {})
+    raise Reject("rejecting on purpose", requeue=False)
