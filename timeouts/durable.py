@@ -33,13 +33,15 @@ from celery.utils.time import maybe_make_aware
 from dateutil.parser import isoparse
 from kombu.utils.uuid import uuid
 
-from . import celery_calls
+from . import celery_calls, registry
 from .celery_calls import FENCE_HEADER
 
 logger = logging.getLogger(__name__)
 
 # Celery's own tasks (celery.chord_unlock, celery.backend_cleanup, ...) keep Celery's ways.
 CELERY_INTERNAL = "celery."
+# timeouts' own tasks (timeouts.run, ...), DurableTask too under task_cls, are never called with an ETA.
+TIMEOUTS_OWN = "timeouts."
 MAX_ERROR_LENGTH = 20_000
 
 
@@ -50,6 +52,13 @@ class DurableTask(Task):
     #: died) counts as lost, and runs again. None: the call's hard time limit, if it has one,
     #: else TIMEOUTS["DEFAULT_TTR"].
     ttr = None
+
+    @classmethod
+    def on_bound(cls, app):
+        """Celery binds each task class to its app: the admin then offers its calls' biz_type."""
+        super().on_bound(app)
+        if cls.name and not cls.name.startswith((CELERY_INTERNAL, TIMEOUTS_OWN)):
+            registry.register_celery_call(celery_calls.biz_type_for(cls.name))
 
     def apply_async(self, args=None, kwargs=None, task_id=None, producer=None, link=None, link_error=None,
                     shadow=None, **options):

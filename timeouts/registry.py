@@ -27,6 +27,9 @@ class Handler:
 
 
 _handlers: dict[str, Handler] = {}
+# The biz_types of the DurableTask tasks this process knows (celery_calls.biz_type_for), for the
+# admin's filter: their rows have no handler.
+_celery_calls: set[str] = set()
 
 
 def check_biz_type(biz_type) -> str:
@@ -99,3 +102,12 @@ def registered() -> dict[str, Handler]:
 def unregister(biz_type):
     """Forget a handler (for tests and for hosts that swap handlers at run time)."""
     _handlers.pop(biz_type, None)
+
+
+def register_celery_call(biz_type: str):
+    """Note the biz_type of a DurableTask's stored calls (its task bound to a Celery app)."""
+    _celery_calls.add(biz_type)
+
+
+def registered_celery_calls() -> frozenset[str]:
+    return frozenset(_celery_calls)

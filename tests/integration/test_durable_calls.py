@@ -197,3 +197,5 @@ def test_the_admin_lists_calls_by_task_name(admin_client):
     response = admin_client.get("/admin/timeouts/timeouttask/", {"biz_type": "celery:tests.durable.record"})
     assert response.status_code == 200
     assert result.id in response.content.decode()
+    listing = admin_client.get("/admin/timeouts/timeouttask/").content.decode()
+    assert "?biz_type=celery%3Atests.durable.record" in listing  # offered by the filter

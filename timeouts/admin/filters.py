@@ -45,14 +45,15 @@ class StatusFilter(admin.SimpleListFilter):
 
 
 class BizTypeFilter(admin.SimpleListFilter):
-    """Choices are the handlers registered in this process (plus the value asked for, if it is not
-    one of them: tasks of a handler that was removed can still be listed). Index: timeouts_task_biz_type."""
+    """Choices are the handlers registered in this process and the Celery tasks whose calls
+    DurableTask stores (plus the value asked for, if it is not one of them: tasks of a handler
+    that was removed can still be listed). Index: timeouts_task_biz_type."""
 
     title = "biz type"
     parameter_name = "biz_type"
 
     def lookups(self, request, model_admin):
-        names = set(registry.registered())
+        names = set(registry.registered()) | registry.registered_celery_calls()
         value = self.value()
         if value and registry.BIZ_TYPE_RE.fullmatch(value):
             names.add(value)
