@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+from datetime import UTC, datetime, timedelta
 
 import psutil
 import pytest
@@ -93,26 +94,30 @@ def test_a_rolled_back_call_never_runs_and_a_cancelled_one_never_runs(worker, ru
 
 @pytest.mark.timeout(120)
 def test_a_true_cancel_racing_the_due_time_never_runs(worker, runs):
-    results = [tasks.record.apply_async((i,), countdown=0.5 + i * 0.005) for i in range(200)]
+    first = datetime.now(UTC) + timedelta(seconds=2)
+    etas = [first + timedelta(milliseconds=20 * i) for i in range(200)]
+    results = [tasks.record.apply_async((i,), eta=eta) for i, eta in enumerate(etas)]
     stop = threading.Event()
 
     def keep_scanning():
         try:
             while not stop.is_set():
                 scan()
-                time.sleep(0.01)
+                time.sleep(0.005)
         finally:
             connection.close()
 
     scanner = threading.Thread(target=keep_scanning)
     scanner.start()
     try:
-        time.sleep(0.4)
         cancelled = set()
-        for result in results[::2]:  # every other call, while they come due and get published
-            if timeouts.celery.cancel(result.id):
-                cancelled.add(result.id)
-            time.sleep(0.008)
+        # Every other call, just before, at, or after its due time, while it is claimed, published, started.
+        offsets = [-0.03, -0.01, 0.0, 0.005, 0.01, 0.03, 0.1]
+        for n, i in enumerate(range(0, len(results), 2)):
+            wait = (etas[i] - datetime.now(UTC)).total_seconds() + offsets[n % len(offsets)]
+            time.sleep(max(wait, 0))
+            if timeouts.celery.cancel(results[i].id):
+                cancelled.add(results[i].id)
         processes.wait_for(settled, 60, message="every call settled")
         time.sleep(0.5)
     finally:
