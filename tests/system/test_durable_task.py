@@ -285,3 +285,26 @@ def test_a_rejected_call_ends_dead_with_the_reason(worker, runs):
     [row] = calls()
     assert row.status == Status.DEAD and "rejecting on purpose" in row.last_error
     assert runs.count() == 1
+
+
+@pytest.mark.timeout(90)
+def test_a_call_that_expires_on_its_way_to_the_worker_ends_cancelled(transactional_db, broker, runs):
+    """Published in time, it reaches a worker after its `expires` (no worker was up): Celery discards
+    it; its claim's lease runs out, and the next claim finds it expired instead of publishing it again."""
+    from project.celery import app
+
+    broker.flushdb()
+    tasks.record.apply_async(("late",), countdown=0.2, expires=1)
+    time.sleep(0.3)
+    scan()
+    assert calls(status=Status.DISPATCHED).count() == 1
+    time.sleep(1)
+    worker = processes.celery_worker(env=processes.django_env(), name="worker-late")
+    try:
+        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
+        scan_until(settled, 30, "the call's lease (5 s) to run out and the call to be found expired")
+    finally:
+        processes.stop(worker)
+    [row] = calls()
+    assert row.status == Status.CANCELLED and "expired" in row.last_error
+    assert runs.count() == 0
