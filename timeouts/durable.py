@@ -159,8 +159,11 @@ def _run_fenced(task, fence, body, args, kwargs):
     except Exception:
         _end(row, key, attempt, row.Status.DEAD, traceback.format_exc()[-MAX_ERROR_LENGTH:])
         raise
-    _end(row, key, attempt, row.Status.DONE, "")
-    return result
+    else:
+        _end(row, key, attempt, row.Status.DONE, "")
+        return result
+    finally:  # also when the worker is shutting down (SystemExit): its lease then runs out
+        _heartbeat.remove(key)
 
 
 def _end_timed_out(task_id, exc):
