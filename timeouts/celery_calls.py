@@ -154,9 +154,9 @@ def _utc(eta):
 
 def publish_calls(app, claims, producer, retry_policy, eta_headroom):
     """Send each claimed call's own message on `producer`, yielding after each claim is dealt with
-    (sent, or ended with the reason: CANCELLED if it expired, DEAD if its message cannot be made),
-    so that on a broker error the caller knows which claims to release. A claim ahead of time goes
-    with a Celery ETA `eta_headroom` before its run_at (publishing.ETA_HEADROOM)."""
+    (sent, or ended with the reason: CANCELLED if it expired, DEAD if its message cannot be made).
+    A claim ahead of time goes with a Celery ETA `eta_headroom` before its run_at
+    (publishing.ETA_HEADROOM)."""
     for claim in claims:
         try:
             # Back to what Celery's JSON serializer read: datetimes, UUIDs and Decimals as given.

@@ -10,6 +10,7 @@ from decimal import Decimal
 import pytest
 from celery import current_app
 from django.db import transaction
+from kombu.exceptions import OperationalError
 
 import timeouts.celery
 from tests.testapp import tasks
@@ -199,3 +200,21 @@ def test_the_admin_lists_calls_by_task_name(admin_client):
     assert result.id in response.content.decode()
     listing = admin_client.get("/admin/timeouts/timeouttask/").content.decode()
     assert "?biz_type=celery%3Atests.durable.record" in listing  # offered by the filter
+
+
+def test_claimed_calls_go_back_when_the_broker_cannot_be_reached(monkeypatch):
+    from celery import Celery
+
+    tasks.record.apply_async((1,), countdown=0.2)
+    time.sleep(0.3)
+    monkeypatch.setenv("CELERY_BROKER_URL", "redis://127.0.0.1:9/0")  # Celery prefers it to broker=
+    unreachable = Celery("unreachable", set_as_current=False)
+    previous = current_app._get_current_object()
+    unreachable.set_current()
+    try:
+        with pytest.raises(OperationalError, match="Connection refused"):
+            scan()
+    finally:
+        previous.set_current()
+    [row] = calls()
+    assert row.status == Status.PENDING and row.attempts == 0
