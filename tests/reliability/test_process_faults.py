@@ -202,7 +202,8 @@ def test_replayed_messages_of_run_cancelled_and_stale_tasks_start_nothing(system
     dropped_before, since = system.log_count(DROPPED), oracle.now()
     with system.app.producer_or_acquire() as producer:
         for job, attempt in replay:
-            system.app.send_task("timeouts.run", args=[job, action_times[job].isoformat(), attempt],
+            # No partition: the worker looks the row up through the parent table.
+            system.app.send_task("timeouts.run", args=[job, action_times[job].isoformat(), attempt, None],
                                  producer=producer)
     processes.wait_for(lambda: system.log_count(DROPPED) - dropped_before >= len(replay), 180, interval=0.5,
                        message="every replayed message to be dropped")
