@@ -3,7 +3,9 @@
 import os
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from benchmarks.processes import stop_group
@@ -58,3 +60,30 @@ def wait_for(predicate, timeout, interval=0.05, message="condition"):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+@contextmanager
+def scanning(interval):
+    """The safety scan in a thread of this process, every `interval` seconds (as beat would run it,
+    only faster), until the block ends."""
+    from django.db import connection
+
+    from timeouts.scan import scan
+
+    stop = threading.Event()
+
+    def keep_scanning():
+        try:
+            while not stop.is_set():
+                scan()
+                time.sleep(interval)
+        finally:
+            connection.close()  # this thread's
+
+    scanner = threading.Thread(target=keep_scanning)
+    scanner.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        scanner.join(30)

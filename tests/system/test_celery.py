@@ -59,30 +59,16 @@ def test_a_true_cancel_racing_dispatch_never_runs(worker, starts):
         [{"biz_type": "test.record", "biz_id": i, "at": now + timedelta(milliseconds=5 * i)} for i in range(400)]
     )
     tasks = list(TimeoutTask.objects.order_by("action_time"))
-    stop = threading.Event()
-
-    def keep_scanning():
-        try:
-            while not stop.is_set():
-                scan()
-                time.sleep(0.01)
-        finally:
-            connection.close()
-
-    scanner = threading.Thread(target=keep_scanning)
-    scanner.start()
-    try:
+    with processes.scanning(0.01):
         cancelled = set()
         for task in tasks[::2]:  # cancel every other task while they come due and get dispatched
             if task.cancel():
                 cancelled.add(task.job_id)
             time.sleep(0.008)
+        waiting = [Status.PENDING, Status.DISPATCHED, Status.RUNNING]
         processes.wait_for(
-            lambda: not TimeoutTask.objects.filter(status__in=[0, 1, 4]).exists(), 60, message="all tasks settled"
+            lambda: not TimeoutTask.objects.filter(status__in=waiting).exists(), 60, message="all tasks settled"
         )
-    finally:
-        stop.set()
-        scanner.join(30)
     ran = {r[0] for r in starts.all()}
     assert cancelled, "some cancels must have won"
     assert not ran & cancelled

@@ -4,7 +4,6 @@ scan run in the test process as beat would run it."""
 import json
 import os
 import signal
-import threading
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -97,19 +96,7 @@ def test_a_true_cancel_racing_the_due_time_never_runs(worker, runs):
     first = datetime.now(UTC) + timedelta(seconds=2)
     etas = [first + timedelta(milliseconds=20 * i) for i in range(200)]
     results = [tasks.record.apply_async((i,), eta=eta) for i, eta in enumerate(etas)]
-    stop = threading.Event()
-
-    def keep_scanning():
-        try:
-            while not stop.is_set():
-                scan()
-                time.sleep(0.005)
-        finally:
-            connection.close()
-
-    scanner = threading.Thread(target=keep_scanning)
-    scanner.start()
-    try:
+    with processes.scanning(0.005):
         cancelled = set()
         # Every other call, just before, at, or after its due time, while it is claimed, published, started.
         offsets = [-0.03, -0.01, 0.0, 0.005, 0.01, 0.03, 0.1]
@@ -120,9 +107,6 @@ def test_a_true_cancel_racing_the_due_time_never_runs(worker, runs):
                 cancelled.add(results[i].id)
         processes.wait_for(settled, 60, message="every call settled")
         time.sleep(0.5)
-    finally:
-        stop.set()
-        scanner.join(30)
     ran = [r[0] for r in runs.all()]
     assert cancelled and len(cancelled) < 100, "some cancels must have won, some lost"
     assert len(ran) == len(set(ran)), "a call ran twice"
