@@ -31,6 +31,8 @@ MIGRATED = {
     "0002_notify_reverse.sql": "55011e5005309992ce597e8a06de4556fef892ce04b0f238d56f2224dd6b8a5b",
     "0003_admin_indexes.sql": "b84f4444bfc4bfd2cd617f3c8e76fb8d22adebd7e18fea3432cec3c49638c25d",
     "0003_admin_indexes_reverse.sql": "000992dba08be07a59ecfe400746ee41cdffe4e40445e7118c1d2cb0f4fc059c",
+    "0004_task_results.sql": "7ea7f291901f773430a8f8ff12c673545b34c60183b58836d7c67b7f1eaf5d64",
+    "0004_task_results_reverse.sql": "90e27394f99495c48865f52ca0b67123424e6cb23cf99f1545f470519b4b8b0f",
 }
 
 
