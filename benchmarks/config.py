@@ -3,6 +3,9 @@
 from dataclasses import dataclass
 
 SCENARIOS = ("spread", "burst", "drain", "publish", "schedule", "idle", "defaults")
+# DurableTask against Celery's own ETA (benchmarks/durable.py): asked for by name.
+DURABLE_SCENARIOS = ("durable_spread", "durable_memory", "durable_restart", "durable_cost")
+KNOWN_SCENARIOS = SCENARIOS + DURABLE_SCENARIOS
 PATHS = ("scan", "dispatcher", "celery")  # celery = the same no-op body published directly
 PATH_LABELS = {"scan": "scan only", "dispatcher": "dispatcher", "celery": "celery direct"}
 PEER_SYSTEMS = ("naive_ln", "naive_poll", "procrastinate", "celery", "django_tasks")
@@ -15,6 +18,7 @@ SCENARIO_PATHS = {
     "schedule": (),
     "idle": ("scan", "dispatcher"),
     "defaults": (),  # the dispatcher, under two settings modules: its variants are its paths
+    **{name: () for name in DURABLE_SCENARIOS},  # their variants are their paths
 }
 
 
@@ -31,6 +35,15 @@ class BenchConfig:
     n_bulk: int = 20000  # bulk_schedule()
     bulk_chunk: int = 5000  # tasks per bulk_schedule() call
     n_idle: int = 10000
+    n_durable_spread: int = 2000  # durable_spread: calls due over the window
+    n_durable_memory: int = 100000  # durable_memory: calls due in an hour
+    n_durable_restart: int = 10000  # durable_restart: calls due from restart_from to restart_to
+    n_durable_cost: int = 5000  # durable_cost: apply_async(countdown=3600) calls
+    restart_from: float = 30.0  # durable_restart: seconds from the first call to the first due time
+    restart_to: float = 60.0  # ... and to the last
+    restart_kill_at: float = 40.0  # ... and to the kill -9 of every worker process
+    restart_down: float = 5.0  # seconds until a new worker starts
+    memory_settle: float = 5.0  # durable_memory: seconds between the last call held and the RSS reading
     lead: float = 5.0  # spread/burst: seconds from "start scheduling" to the first due time
     idle_settle: float = 10.0
     idle_seconds: float = 20.0
@@ -54,18 +67,21 @@ class BenchConfig:
     def __post_init__(self):
         problems = []
         for name in ("scenarios", "paths", "peers"):
-            known = {"scenarios": SCENARIOS, "paths": PATHS, "peers": PEER_SYSTEMS}[name]
+            known = {"scenarios": KNOWN_SCENARIOS, "paths": PATHS, "peers": PEER_SYSTEMS}[name]
             unknown = [v for v in getattr(self, name) if v not in known]
             if unknown:
                 problems.append(f"unknown {name}: {', '.join(unknown)} (known: {', '.join(known)})")
-        for name in ("repeat", "n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "bulk_chunk", "concurrency"):
+        for name in ("repeat", "n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "bulk_chunk", "concurrency",
+                     "n_durable_spread", "n_durable_memory", "n_durable_restart", "n_durable_cost"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
         if self.n_idle < 0:
             problems.append("n_idle must be >= 0")
-        for name in ("window", "lead", "idle_seconds", "scan_interval"):
+        for name in ("window", "lead", "idle_seconds", "scan_interval", "restart_from", "restart_down"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0")
+        if not self.restart_from <= self.restart_kill_at <= self.restart_to or self.restart_from == self.restart_to:
+            problems.append("restart_from < restart_to, and restart_kill_at between them")
         if problems:
             raise ValueError("; ".join(problems))
 

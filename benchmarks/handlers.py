@@ -15,10 +15,12 @@ from celery import shared_task
 from django.db import connection
 
 import timeouts
+from timeouts.celery import DurableTask
 
 NOOP = "benchmarks.noop"  # biz_type of the measured tasks
 PROBE = "benchmarks.probe"  # biz_type of the warm-up tasks sent through a path before measuring
 DIRECT_TASK = "benchmarks.direct"  # the Celery-direct baseline: the same body, no timeouts
+DURABLE_TASK = "benchmarks.durable"  # the same body again, on DurableTask (its eta/countdown calls are rows)
 WARM_TASK = "benchmarks.warm"  # opens a worker process's connections before measuring
 
 START_TABLE_SQL = """
@@ -68,6 +70,12 @@ def probe(task):
 @shared_task(name=DIRECT_TASK, ignore_result=True)
 def direct(key, action_time):
     """The baseline: the same recording, started by Celery itself (apply_async, with or without eta)."""
+    record(key, 1, action_time)
+
+
+@shared_task(name=DURABLE_TASK, base=DurableTask, ignore_result=True)
+def durable(key, action_time):
+    """`direct` on DurableTask: the same recording, for the Celery-ETA-against-DurableTask scenarios."""
     record(key, 1, action_time)
 
 

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 from .config import PATH_LABELS
+from .durable import LABELS as DURABLE_LABELS
 from .peers import peer_scenario
 from .stats import summarize
 
@@ -15,6 +16,28 @@ DEFAULTS_METRICS = ("p50_ms", "p99_ms", "burst_last_ms", "spread_counted", "miss
                     "cpu_steal_pct")
 DEFAULTS_LABELS = {"tuned": "tuned (CONN_MAX_AGE, CELERY_DB_REUSE_MAX, prepared)",
                    "defaults": "Django's and Celery's defaults + setup(app)"}
+DURABLE_METRICS = {
+    "durable_spread": ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "early", "sched_per_s",
+                       "cpu_steal_pct"),
+    "durable_memory": ("rss_mb", "dispatcher_rss_mb", "stored", "sched_per_s", "cpu_steal_pct"),
+    "durable_restart": ("missing", "duplicates", "early", "late", "late_in_outage", "late_outside_outage",
+                        "due_in_outage", "outage_s", "p50_ms", "p99_ms", "max_ms", "cpu_steal_pct"),
+    "durable_cost": ("sched_per_s", "cpu_steal_pct"),
+}
+DURABLE_HEADERS = {
+    "durable_spread": ["p50 ms", "p90 ms", "p99 ms", "max ms", "missing", "dup", "early", "calls/s", "steal %"],
+    "durable_memory": ["worker RSS MB", "dispatcher RSS MB", "rows", "calls/s", "steal %"],
+    "durable_restart": ["lost", "dup", "early", "late > 1 s", "of them due in the outage", "late outside it",
+                        "due in the outage", "outage s", "p50 ms", "p99 ms", "max ms", "steal %"],
+    "durable_cost": ["apply_async(countdown=3600)/s", "steal %"],
+}
+DURABLE_TITLES = {
+    "durable_spread": "{n_durable_spread:,} calls due over {window:.0f} s, one worker (lateness in ms)",
+    "durable_memory": "{n_durable_memory:,} calls due in an hour: the worker's RSS, main and pool processes",
+    "durable_restart": ("{n_durable_restart:,} calls due {restart_from:.0f}-{restart_to:.0f} s ahead; every worker "
+                        "process killed -9 at {restart_kill_at:.0f} s, a new worker {restart_down:.0f} s later"),
+    "durable_cost": "{n_durable_cost:,} apply_async(countdown=3600) calls, no worker",
+}
 PEER_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "schedule_per_s", "drain_per_s",
                 "idle_qps", "idle_cpu_pct")
 SCHEDULE_LABELS = {"raw_insert": "raw single-row INSERT", "single": "schedule(), due in 1 h (no NOTIFY)",
@@ -31,8 +54,8 @@ def aggregate(runs) -> dict:
             groups.setdefault(r["scenario"], {}).setdefault(r["path"], []).append(r)
     out = {}
     for scenario, paths in groups.items():
-        metrics = {"idle": IDLE_METRICS, "schedule": SCHEDULE_METRICS, "defaults": DEFAULTS_METRICS}.get(
-            scenario, TIMED_METRICS)
+        metrics = {"idle": IDLE_METRICS, "schedule": SCHEDULE_METRICS, "defaults": DEFAULTS_METRICS,
+                   **DURABLE_METRICS}.get(scenario, TIMED_METRICS)
         for path, rs in paths.items():
             cells = {m: summarize([r.get(m) for r in rs]) for m in metrics}
             out.setdefault(scenario, {})[path] = {m: s for m, s in cells.items() if s is not None}
@@ -92,6 +115,12 @@ def sections(result) -> list[tuple[str, list, list]]:
                      "steal %"],
                     [[DEFAULTS_LABELS[v], *[cell(s["defaults"][v], m) for m in DEFAULTS_METRICS]]
                      for v in DEFAULTS_LABELS if v in s["defaults"]]))
+    for scenario, metrics in DURABLE_METRICS.items():
+        if scenario in s:
+            title = f"{scenario}: {DURABLE_TITLES[scenario].format(**cfg)}"
+            out.append((title, ["variant", *DURABLE_HEADERS[scenario]],
+                        [[DURABLE_LABELS.get(v, v), *[cell(s[scenario][v], m) for m in metrics]]
+                         for v in DURABLE_LABELS if v in s[scenario]]))
     if "idle" in s:
         out.append((f"Idle cost ({cfg['n_idle']:,} tasks due in 1 h, {cfg['idle_seconds']:.0f} s window)",
                     ["path", "queries/s", "round trips/s", "xacts/s", "CPU %", "RSS MB"],

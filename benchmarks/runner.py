@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import defaults, idle, machine, report, scenarios, targets, throughput
+from . import defaults, durable, idle, machine, report, scenarios, targets, throughput
 from .database import BenchDatabase, BenchError
 from .peers import Peers
 from .processes import child_env, dispatcher_available, flush_broker
@@ -114,11 +114,14 @@ def run(cfg, *, settings_module, root, broker_in_use=None) -> dict:
 def _scenario(ctx, scenario, rep, notes) -> list[dict]:
     """Every path of one scenario in one repeat. A failed run is recorded and the bench goes on."""
     cfg, out = ctx.cfg, []
-    if scenario in ("schedule", "defaults"):
+    if scenario in ("schedule", "defaults", *durable.SCENARIOS):
         note(f"repeat {rep + 1}/{cfg.repeat}: {scenario}")
         try:
             before = machine.cpu_times()
-            variants = (throughput if scenario == "schedule" else defaults).run(ctx, rep)
+            if scenario in durable.SCENARIOS:
+                variants = durable.run(ctx, scenario, rep)
+            else:
+                variants = (throughput if scenario == "schedule" else defaults).run(ctx, rep)
             steal = machine.steal_pct(before, machine.cpu_times())
             for variant, r in variants.items():
                 if variant != "ratios":
@@ -161,6 +164,7 @@ def _peers(cfg, db, json_path, notes):
 def _finish(result, runs, peer_runs, cfg):
     summary = report.aggregate(runs)
     ratios = targets.ratios(runs, peer_runs)
+    ratios.update(durable.ratios(runs))
     schedule = targets.schedule_ratios(runs)
     if schedule:
         ratios.setdefault("schedule", {}).update(schedule)

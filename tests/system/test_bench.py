@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 LATENESS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "early", "start_per_s")
 
 
-def run_bench(tmp_path, *args):
+def run_bench(tmp_path, *args, timeout=220):
     db = settings.DATABASES["default"]
     test_db = db.get("TEST", {}).get("NAME") or f"test_{db['NAME']}"
     url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{test_db}"
@@ -28,7 +28,7 @@ def run_bench(tmp_path, *args):
     out = tmp_path / "bench.json"
     command = [sys.executable, "-m", "django", "timeouts_bench", "--database", f"{test_db}_run",
                "--broker-url", settings.CELERY_BROKER_URL, "--json", str(out), *args]
-    done = subprocess.run(command, check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=220)
+    done = subprocess.run(command, check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text()), done.stdout
 
@@ -70,3 +70,34 @@ def test_tiny_run_writes_json_with_every_field_and_loses_nothing(tmp_path):
     assert "steal %" in stdout and all(0 <= r["cpu_steal_pct"] <= 100 for r in result["runs"])
     if dispatcher:
         assert result["ratios"]["spread"]["scan/dispatcher"]["p50_ms"]["median"] > 0
+
+
+@pytest.mark.timeout(400)
+def test_durable_task_against_celery_eta_tiny_run(tmp_path):
+    result, stdout = run_bench(
+        tmp_path, "--scenarios", "durable_spread,durable_memory,durable_restart,durable_cost", "--repeat", "1",
+        "--n", "60", "--window", "1", "--lead", "2", "--scan-interval", "1", "--wait-tail", "5",
+        "--restart-from", "3", "--restart-to", "6", "--restart-kill-at", "4", "--restart-down", "1",
+        "--memory-settle", "1", timeout=380)
+
+    assert not [note for note in result["notes"] if "failed" in note], result["notes"]
+    runs = {(r["scenario"], r["path"]): r for r in result["runs"]}
+    for variant in ("durable", "celery_eta"):
+        spread = runs[("durable_spread", variant)]
+        assert spread["n"] == spread["started"] == 60, spread
+        assert spread["missing"] == spread["duplicates"] == spread["early"] == 0, spread
+        assert spread["p99_ms"] is not None and spread["sched_per_s"] > 0
+        assert runs[("durable_cost", variant)]["sched_per_s"] > 0
+    for variant in ("idle", "durable", "celery_eta"):
+        assert runs[("durable_memory", variant)]["rss_mb"] > 0
+    assert runs[("durable_memory", "durable")]["stored"] == 60
+    # Killed -9 with calls still to come: DurableTask runs every one of them once, never early...
+    restart = runs[("durable_restart", "durable")]
+    assert restart["n"] == restart["started"] == 60, restart
+    assert restart["missing"] == restart["duplicates"] == restart["early"] == 0, restart
+    # ...while the ETA messages the dead worker held wait for Redis's visibility timeout.
+    assert runs[("durable_restart", "celery_eta")]["missing"] > 0
+    assert set(result["ratios"]["durable_spread"]["durable/celery_eta"]) == {"p50_ms", "p99_ms", "max_ms"}
+    assert result["ratios"]["durable_memory"]["durable/idle"]["rss_mb"]["median"] > 0
+    assert {t["scenario"] for t in result["targets"]} == {"durable_spread", "durable_memory", "durable_restart"}
+    assert "durable_restart" in stdout and "DurableTask" in stdout

@@ -6,9 +6,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.test.utils import override_settings
 
-from benchmarks.config import PATHS, PEER_SYSTEMS, SCENARIOS, BenchConfig
+from benchmarks.config import KNOWN_SCENARIOS, PATHS, PEER_SYSTEMS, BenchConfig
 
-SIZES = ("n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "n_idle")
+SIZES = ("n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "n_idle", "n_durable_spread", "n_durable_memory",
+         "n_durable_restart", "n_durable_cost")
 
 
 def _names(text):
@@ -23,7 +24,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         d = BenchConfig()
         add = parser.add_argument
-        add("--scenarios", type=_names, default=d.scenarios, help=f"comma-separated, of {','.join(SCENARIOS)}")
+        add("--scenarios", type=_names, default=d.scenarios,
+            help=f"comma-separated, of {','.join(KNOWN_SCENARIOS)} (default: {','.join(d.scenarios)})")
         add("--paths", type=_names, default=d.paths, help=f"comma-separated, of {','.join(PATHS)}")
         add("--repeat", type=int, default=d.repeat, help="repeats, interleaved across paths; medians reported")
         add("--n", type=int, help="one size for every scenario (a quick run): overrides the --n-* options")
@@ -32,6 +34,17 @@ class Command(BaseCommand):
         add("--window", type=float, default=d.window, help="spread: seconds over which tasks fall due")
         add("--lead", type=float, default=d.lead, help="spread/burst: seconds from scheduling to the first due time")
         add("--bulk-chunk", type=int, default=d.bulk_chunk, help="tasks per bulk_schedule() call")
+        add("--restart-from", type=float, default=d.restart_from,
+            help="durable_restart: seconds from the first call to the first due time")
+        add("--restart-to", type=float, default=d.restart_to, help="durable_restart: ... to the last due time")
+        add("--restart-kill-at", type=float, default=d.restart_kill_at,
+            help="durable_restart: ... to the kill -9 of every worker process")
+        add("--restart-down", type=float, default=d.restart_down,
+            help="durable_restart: seconds until a new worker starts")
+        add("--memory-settle", type=float, default=d.memory_settle,
+            help="durable_memory: seconds between the last call held and the RSS reading")
+        add("--wait-tail", type=float, default=d.wait_tail,
+            help="seconds to wait for stragglers after the last due time")
         add("--idle-settle", type=float, default=d.idle_settle)
         add("--idle-seconds", type=float, default=d.idle_seconds)
         add("--scan-interval", type=float, help="the scan loop's interval (default: TIMEOUTS SCAN_INTERVAL)")

@@ -1,0 +1,266 @@
+"""DurableTask against Celery's own ETA: the same body (`benchmarks.handlers.durable` and `.direct`),
+the same calls (`apply_async(eta=)` / `countdown=`), the same worker command, side by side in
+each repeat, the order alternating with the repeat.
+
+- durable_spread: N calls due uniformly over the window; lateness of the body's start.
+- durable_memory: N calls due in an hour; the worker's RSS (main process and pool processes)
+  once it holds what it will hold, against an idle worker.
+- durable_restart: N calls due 30-60 s ahead; at 40 s every worker process is killed -9, and a
+  new worker starts 5 s later. Lost, duplicated and late calls; the outage lasts from the kill to
+  the new worker's first start.
+- durable_cost: N `apply_async(countdown=3600)` calls per second, with no worker.
+
+DurableTask needs its dispatcher (and, to find the calls of a worker that died, the scan: beat's
+`timeouts.scan`, here the bench's scan loop); Celery's ETA needs the worker alone.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+
+from timeouts.celery_calls import biz_type_for
+
+from . import stats
+from .database import BenchError, reset
+from .handlers import DIRECT_TASK, DURABLE_TASK
+from .idle import _rss_mb
+from .processes import Processes, flush_broker
+from .progress import note
+from .workload import due_times, wait_for_starts, wait_until, warm_worker
+
+SCENARIOS = ("durable_spread", "durable_memory", "durable_restart", "durable_cost")
+VARIANTS = {
+    "durable_spread": ("durable", "celery_eta"),
+    "durable_memory": ("idle", "celery_eta", "durable"),
+    "durable_restart": ("durable", "celery_eta"),
+    "durable_cost": ("durable", "celery_eta"),
+}
+LABELS = {"durable": "DurableTask", "celery_eta": "Celery's ETA", "idle": "idle worker"}
+TASKS = {"durable": DURABLE_TASK, "celery_eta": DIRECT_TASK}
+CELERY_QUEUE = "celery"  # where the worker's default queue lives in Redis
+REDIS_UNACKED = "unacked"  # kombu's Redis transport: messages delivered and not yet acknowledged
+LATE = 1.0  # seconds: a call started later than this after its due time is late
+COUNTDOWN = 3600.0  # durable_cost and durable_memory: calls due in an hour
+
+
+def run(ctx, scenario, rep) -> dict:
+    variants = VARIANTS[scenario]
+    order = variants if rep % 2 == 0 else tuple(reversed(variants))
+    return {variant: _one(ctx, scenario, variant, rep) for variant in order}
+
+
+def _one(ctx, scenario, variant, rep) -> dict:
+    reset(ctx.conn)
+    flush_broker(ctx.cfg.broker_url)
+    procs = Processes(env=ctx.env, cwd=ctx.cwd, log_dir=ctx.log_dir, label=f"{scenario}/{variant}/rep{rep + 1}")
+    try:
+        return {"durable_spread": _spread, "durable_memory": _memory, "durable_restart": _restart,
+                "durable_cost": _cost}[scenario](ctx, procs, variant, rep)
+    finally:
+        procs.stop_all()
+
+
+def calls(ctx, variant, *, n, lead=0.0, window=0.0, countdown=None, probe=0, seed=1) -> dict:
+    """Make the calls from a child process (benchmarks.calls); its JSON line, base parsed."""
+    args = [sys.executable, "-m", "benchmarks.calls", "--app", ctx.cfg.celery_app, "--task", TASKS[variant],
+            "--n", str(n), "--lead", str(lead), "--window", str(window), "--seed", str(seed),
+            "--probe", str(probe)]
+    if countdown is not None:
+        args += ["--countdown", str(countdown)]
+    done = subprocess.run(args, env=ctx.env, cwd=ctx.cwd, stdout=subprocess.PIPE, stderr=None, text=True,
+                          timeout=max(300.0, n / 200.0), check=False)
+    if done.returncode != 0:
+        raise BenchError(f"benchmarks.calls exited with {done.returncode}: {done.stdout[-1000:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out["base"] = datetime.fromisoformat(out["base"])
+    return out
+
+
+def _worker(ctx, procs):
+    cfg = ctx.cfg
+    process = procs.worker(app=cfg.celery_app, concurrency=cfg.concurrency)
+    warm_worker(ctx.app, ctx.conn, count=2 * cfg.concurrency, check=procs.check)
+    return process
+
+
+def _expected(made, n, window, seed):
+    return dict(enumerate(due_times("spread", n, base=made["base"], window=window, seed=seed)))
+
+
+def _spread(ctx, procs, variant, rep) -> dict:
+    cfg = ctx.cfg
+    n = cfg.n_durable_spread
+    _worker(ctx, procs)
+    if variant == "durable":
+        procs.dispatcher(cfg.dispatcher_args)
+    made = calls(ctx, variant, n=n, lead=cfg.lead, window=cfg.window, probe=2 * cfg.concurrency, seed=cfg.seed + rep)
+    expected = _expected(made, n, cfg.window, cfg.seed + rep)
+    wait = max(expected.values()).timestamp() - time.time() + cfg.wait_tail + n / 100.0
+    wait_for_starts(ctx.conn, n, deadline=time.monotonic() + wait, check=procs.check,
+                    label=f"durable_spread {variant}: started")
+    out = stats.analyze(expected, stats.direct_starts(ctx.conn))
+    return {**_clean(out), "sched_per_s": made["sched_per_s"], "sched_overrun": made["sched_overrun"]}
+
+
+def _memory(ctx, procs, variant, rep) -> dict:
+    cfg = ctx.cfg
+    n = cfg.n_durable_memory
+    worker = _worker(ctx, procs)
+    out = {"n": 0 if variant == "idle" else n}
+    if variant == "durable":
+        dispatcher = procs.dispatcher(cfg.dispatcher_args)
+    if variant != "idle":
+        made = calls(ctx, variant, n=n, lead=COUNTDOWN, window=60.0, seed=cfg.seed + rep)
+        out["sched_per_s"] = made["sched_per_s"]
+    if variant == "celery_eta":
+        _wait_held(cfg.broker_url, n, procs, cfg.drain_timeout)
+    time.sleep(cfg.memory_settle)
+    procs.check()
+    out["rss_mb"] = _rss_mb(worker.pid)
+    if variant == "durable":
+        out["dispatcher_rss_mb"] = _rss_mb(dispatcher.pid)
+        out["stored"] = ctx.conn.execute("SELECT count(*) FROM timeouts_task WHERE biz_type = %s",
+                                         (biz_type_for(DURABLE_TASK),)).fetchone()[0]
+    return out
+
+
+def _wait_held(broker_url, n, procs, timeout):
+    """Until the worker has taken every ETA message off the queue (Celery holds them in memory,
+    each unacknowledged in the broker until its time comes)."""
+    import redis
+
+    client = redis.Redis.from_url(broker_url)
+    try:
+        wait_until(lambda: client.llen(CELERY_QUEUE) == 0 and client.hlen(REDIS_UNACKED) >= n,
+                   timeout, procs.check, f"the worker to take {n} ETA messages", interval=0.5)
+    finally:
+        client.close()
+
+
+def _restart(ctx, procs, variant, rep) -> dict:
+    cfg = ctx.cfg
+    n, window = cfg.n_durable_restart, cfg.restart_to - cfg.restart_from
+    worker = _worker(ctx, procs)
+    if variant == "durable":
+        procs.dispatcher(cfg.dispatcher_args)
+        procs.scan_loop(interval=cfg.scan_interval)
+    made = calls(ctx, variant, n=n, lead=cfg.restart_from, window=window, probe=2 * cfg.concurrency,
+                 seed=cfg.seed + rep)
+    expected = _expected(made, n, window, cfg.seed + rep)
+    calls_began = made["base"].timestamp() - cfg.restart_from
+    _sleep_until(calls_began + cfg.restart_kill_at, procs)
+    killed_at = _kill(procs, worker)
+    note(f"durable_restart {variant}: killed every worker process -9; a new worker in {cfg.restart_down:.0f} s")
+    _sleep_until(killed_at + cfg.restart_down, procs)
+    restarted_at = time.time()
+    procs.worker(app=cfg.celery_app, concurrency=cfg.concurrency)
+    # DurableTask finds a call lost in the dead worker when its lease (DEFAULT_TTR) runs out and a
+    # scan follows; Celery's ETA messages come back after Redis's visibility timeout (an hour).
+    tail = cfg.wait_tail + (_default_ttr() + 2 * cfg.scan_interval if variant == "durable" else 0.0)
+    wait = max(expected.values()).timestamp() - time.time() + tail
+    wait_for_starts(ctx.conn, n, deadline=time.monotonic() + wait, check=procs.check,
+                    label=f"durable_restart {variant}: started")
+    starts = stats.direct_starts(ctx.conn)
+    out = _clean(stats.analyze(expected, starts))
+    back = min((at.timestamp() for _, at in starts if at.timestamp() > restarted_at), default=time.time())
+    out.update(_late(expected, starts, killed_at, back))
+    out.update(killed_after_s=round(killed_at - calls_began, 1), down_s=round(restarted_at - killed_at, 1),
+               outage_s=round(back - killed_at, 1),
+               waited_s=round(time.time() - calls_began, 1))
+    return out
+
+
+def _late(expected, starts, outage_from, outage_to) -> dict:
+    """Late calls (first start over LATE s after the due time), and how many of them were due in
+    the outage: from the kill to the new worker's first start."""
+    first = {}
+    for key, started_at in starts:
+        if key in expected and (key not in first or started_at < first[key]):
+            first[key] = started_at
+    late = [k for k, at in first.items() if (at - expected[k]).total_seconds() > LATE]
+    in_outage = [k for k in late if outage_from <= expected[k].timestamp() < outage_to]
+    due_in_outage = sum(1 for at in expected.values() if outage_from <= at.timestamp() < outage_to)
+    return {"late": len(late), "late_in_outage": len(in_outage), "late_outside_outage": len(late) - len(in_outage),
+            "due_in_outage": due_in_outage}
+
+
+def _cost(ctx, procs, variant, rep) -> dict:
+    made = calls(ctx, variant, n=ctx.cfg.n_durable_cost, countdown=COUNTDOWN)
+    return {"n": made["n"], "sched_per_s": made["sched_per_s"]}
+
+
+def _kill(procs, process) -> float:
+    """SIGKILL the worker's whole process group (its main process and its pool processes)."""
+    procs.running = [(name, p) for name, p in procs.running if p is not process]
+    killed_at = time.time()
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(10)
+    return killed_at
+
+
+def _sleep_until(epoch, procs):
+    while time.time() < epoch:
+        procs.check()
+        time.sleep(min(0.2, max(0.0, epoch - time.time())))
+
+
+def _default_ttr() -> float:
+    from timeouts.conf import get_settings
+
+    return float(get_settings().DEFAULT_TTR)
+
+
+def _clean(out) -> dict:
+    out.pop("first_start", None)
+    out.pop("last_start", None)
+    return out
+
+
+def ratios(runs) -> dict:
+    """Per repeat: DurableTask against Celery's ETA, and against the idle worker."""
+    from .targets import paired
+
+    out = {}
+    for scenario, a, b, metrics in (
+            ("durable_spread", "durable", "celery_eta", ("p50_ms", "p99_ms", "max_ms")),
+            ("durable_memory", "durable", "idle", ("rss_mb",)),
+            ("durable_memory", "celery_eta", "idle", ("rss_mb",)),
+            ("durable_cost", "durable", "celery_eta", ("sched_per_s",))):
+        for metric in metrics:
+            s = paired(runs, scenario, a, b, metric)
+            if s:
+                out.setdefault(scenario, {}).setdefault(f"{a}/{b}", {})[metric] = s
+    return out
+
+
+def targets(summary, ratio_table) -> list:
+    """(scenario, target, measured, check) rows, as targets.targets() lists them."""
+    def ratio(scenario, pair, metric):
+        s = ratio_table.get(scenario, {}).get(pair, {}).get(metric)
+        return None if s is None else round(s["median"], 3)
+
+    def worst(scenario, path, metrics):
+        values = [summary.get(scenario, {}).get(path, {}).get(m) for m in metrics]
+        return None if any(v is None for v in values) else sum(v["max"] for v in values)
+
+    return [
+        ("durable_spread", "durable_spread: DurableTask lateness p50 / Celery ETA's <= 1.0",
+         ratio("durable_spread", "durable/celery_eta", "p50_ms"), lambda v: v <= 1.0),
+        ("durable_spread", "durable_spread: DurableTask lateness p99 / Celery ETA's <= 1.0",
+         ratio("durable_spread", "durable/celery_eta", "p99_ms"), lambda v: v <= 1.0),
+        ("durable_spread", "durable_spread, DurableTask: missing + duplicates + early = 0 (every run)",
+         worst("durable_spread", "durable", ("missing", "duplicates", "early")), lambda v: v == 0),
+        ("durable_memory", "durable_memory: worker RSS with DurableTask calls waiting / idle worker's <= 1.10",
+         ratio("durable_memory", "durable/idle", "rss_mb"), lambda v: v <= 1.10),
+        ("durable_restart", "durable_restart, DurableTask: lost + duplicated + early = 0 (every run)",
+         worst("durable_restart", "durable", ("missing", "duplicates", "early")), lambda v: v == 0),
+        ("durable_restart", "durable_restart, DurableTask: late outside the outage = 0 (every run)",
+         worst("durable_restart", "durable", ("late_outside_outage",)), lambda v: v == 0),
+    ]
