@@ -162,7 +162,8 @@ class Backoff:
 
     def next_delay(self) -> float:
         ceiling = min(self.cap, self.first * 2**self.failures)
-        self.failures += 1
+        if ceiling < self.cap:  # counting on past the cap would overflow the float after ~1,000 failures
+            self.failures += 1
         return random.uniform(ceiling / 2, ceiling)
 
     def reset(self):
