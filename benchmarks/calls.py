@@ -21,6 +21,9 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 
+# A Django task (benchmarks.django_task) through the tasks framework's backend: enqueue() with run_after.
+DJANGO_TASK = "django_task"
+
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -45,25 +48,41 @@ def main(argv=None):
     from .progress import Progress
     from .workload import due_times
 
-    task = {handlers.DURABLE_TASK: handlers.durable, handlers.DIRECT_TASK: handlers.direct}[args.task]
+    if args.task == DJANGO_TASK:
+        from .django_task import record_start
+
+        def call(key, at):
+            record_start.using(run_after=at).enqueue(key, at.isoformat())
+
+        def probe(key):
+            record_start.enqueue(key, "epoch")
+    else:
+        task = {handlers.DURABLE_TASK: handlers.durable, handlers.DIRECT_TASK: handlers.direct}[args.task]
+
+        def call(key, at):
+            if args.countdown is None:
+                task.apply_async((key, at.isoformat()), eta=at)
+            else:
+                task.apply_async((key, at.isoformat()), countdown=args.countdown)
+
+        def probe(key):
+            task.apply_async((key, "epoch"), countdown=0.3)
+
     if args.probe:
-        _probe(task, args.probe, args.probe_timeout)
+        _probe(probe, args.probe, args.probe_timeout)
 
     base = datetime.now(UTC) + timedelta(seconds=args.lead)
     if args.countdown is None:
         times = due_times("spread", args.n, base=base, window=args.window, seed=args.seed)
     else:
         times = [datetime.now(UTC) + timedelta(seconds=args.countdown)] * args.n
-    progress = Progress(f"{args.task}.apply_async({'countdown' if args.countdown else 'eta'}=)", args.n)
+    progress = Progress(f"{args.task}: {args.n:,} calls", args.n)
     over = 0
     started = time.perf_counter()
     for key, at in enumerate(times):
-        if args.countdown is None:
-            task.apply_async((key, at.isoformat()), eta=at)
-            if time.time() > at.timestamp():
-                over += 1
-        else:
-            task.apply_async((key, at.isoformat()), countdown=args.countdown)
+        call(key, at)
+        if args.countdown is None and time.time() > at.timestamp():
+            over += 1
         if key % 500 == 0:
             progress.update(key)
     seconds = time.perf_counter() - started
@@ -73,11 +92,11 @@ def main(argv=None):
     sys.stdout.flush()
 
 
-def _probe(task, count, timeout):
+def _probe(probe, count, timeout):
     from django.db import connection
 
     for key in range(1, count + 1):
-        task.apply_async((-key, "epoch"), countdown=0.3)
+        probe(-key)
     deadline = time.monotonic() + timeout
     with connection.cursor() as cursor:
         while True:

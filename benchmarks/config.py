@@ -5,7 +5,9 @@ from dataclasses import dataclass
 SCENARIOS = ("spread", "burst", "drain", "publish", "schedule", "idle", "defaults")
 # DurableTask against Celery's own ETA (benchmarks/durable.py): asked for by name.
 DURABLE_SCENARIOS = ("durable_spread", "durable_memory", "durable_restart", "durable_cost")
-KNOWN_SCENARIOS = SCENARIOS + DURABLE_SCENARIOS
+# Django's tasks framework through TimeoutsBackend, against django-tasks-db (benchmarks/tasks_backend.py).
+TASKS_SCENARIOS = ("tasks_spread", "tasks_drain", "tasks_enqueue")
+KNOWN_SCENARIOS = SCENARIOS + DURABLE_SCENARIOS + TASKS_SCENARIOS
 PATHS = ("scan", "dispatcher", "celery")  # celery = the same no-op body published directly
 PATH_LABELS = {"scan": "scan only", "dispatcher": "dispatcher", "celery": "celery direct"}
 PEER_SYSTEMS = ("naive_ln", "naive_poll", "procrastinate", "celery", "django_tasks")
@@ -18,7 +20,7 @@ SCENARIO_PATHS = {
     "schedule": (),
     "idle": ("scan", "dispatcher"),
     "defaults": (),  # the dispatcher, under two settings modules: its variants are its paths
-    **{name: () for name in DURABLE_SCENARIOS},  # their variants are their paths
+    **{name: () for name in DURABLE_SCENARIOS + TASKS_SCENARIOS},  # their variants are their paths
 }
 
 
@@ -39,6 +41,9 @@ class BenchConfig:
     n_durable_memory: int = 100000  # durable_memory: calls due in an hour
     n_durable_restart: int = 10000  # durable_restart: calls due from restart_from to restart_to
     n_durable_cost: int = 5000  # durable_cost: apply_async(countdown=3600) calls
+    n_tasks_spread: int = 2000  # tasks_spread: Django tasks with run_after over the window
+    n_tasks_drain: int = 20000  # tasks_drain: Django tasks ready to run
+    n_tasks_enqueue: int = 5000  # tasks_enqueue: enqueue() calls, due in an hour
     restart_from: float = 30.0  # durable_restart: seconds from the first call to the first due time
     restart_to: float = 60.0  # ... and to the last
     restart_kill_at: float = 40.0  # ... and to the kill -9 of every worker process
@@ -72,7 +77,8 @@ class BenchConfig:
             if unknown:
                 problems.append(f"unknown {name}: {', '.join(unknown)} (known: {', '.join(known)})")
         for name in ("repeat", "n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "bulk_chunk", "concurrency",
-                     "n_durable_spread", "n_durable_memory", "n_durable_restart", "n_durable_cost"):
+                     "n_durable_spread", "n_durable_memory", "n_durable_restart", "n_durable_cost",
+                     "n_tasks_spread", "n_tasks_drain", "n_tasks_enqueue"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
         if self.n_idle < 0:

@@ -64,14 +64,14 @@ def _one(ctx, scenario, variant, rep) -> dict:
         procs.stop_all()
 
 
-def calls(ctx, variant, *, n, lead=0.0, window=0.0, countdown=None, probe=0, seed=1) -> dict:
+def calls(ctx, variant, *, n, lead=0.0, window=0.0, countdown=None, probe=0, seed=1, task=None, env=None) -> dict:
     """Make the calls from a child process (benchmarks.calls); its JSON line, base parsed."""
-    args = [sys.executable, "-m", "benchmarks.calls", "--app", ctx.cfg.celery_app, "--task", TASKS[variant],
+    args = [sys.executable, "-m", "benchmarks.calls", "--app", ctx.cfg.celery_app, "--task", task or TASKS[variant],
             "--n", str(n), "--lead", str(lead), "--window", str(window), "--seed", str(seed),
             "--probe", str(probe)]
     if countdown is not None:
         args += ["--countdown", str(countdown)]
-    done = subprocess.run(args, env=ctx.env, cwd=ctx.cwd, stdout=subprocess.PIPE, stderr=None, text=True,
+    done = subprocess.run(args, env=env or ctx.env, cwd=ctx.cwd, stdout=subprocess.PIPE, stderr=None, text=True,
                           timeout=max(300.0, n / 200.0), check=False)
     if done.returncode != 0:
         raise BenchError(f"benchmarks.calls exited with {done.returncode}: {done.stdout[-1000:]}")

@@ -29,6 +29,13 @@ SCENARIOS = {"spread": [("spread", "n_spread")], "burst": [("burst", "n_burst")]
              "idle": [("idle", "n_idle")], "schedule": [("sched_single", "n_single"), ("sched_bulk", "n_bulk")]}
 
 
+# The tasks_* scenarios run the django_tasks system's own script, with the bench's window and lead
+# (run_all.py passes neither): the bench's scenario -> the script's scenario and the size option.
+TASKS_SCENARIOS = {"tasks_spread": ("spread", "n_tasks_spread"), "tasks_drain": ("drain", "n_tasks_drain"),
+                   "tasks_enqueue": ("sched_single", "n_tasks_enqueue")}
+TASKS_SYSTEM, TASKS_SCRIPT = "django_tasks", "pb_djt.py"
+
+
 class Peers:
     def __init__(self, cfg, db, out_path: Path):
         self.cfg, self.db = cfg, db
@@ -95,6 +102,8 @@ class Peers:
         tagged with the bench's repeat and scenario."""
         if not self.ready:
             return []
+        if scenario in TASKS_SCENARIOS:
+            return self._run_tasks_peer(scenario, rep)
         new = []
         for peer_scenario_name, size in SCENARIOS.get(scenario, ()):
             n = getattr(self.cfg, size)
@@ -108,6 +117,24 @@ class Peers:
             for record in load(self.out)[before:]:
                 new.append({**record, "bench_rep": rep, "bench_scenario": scenario})
         return new
+
+    def _run_tasks_peer(self, scenario, rep) -> list[dict]:
+        """django-tasks-db on the same workload as the bench's tasks_* scenario. Its records are
+        named after the bench's scenario, so they pair with no other scenario's runs."""
+        if TASKS_SYSTEM not in self.systems:
+            return []
+        script_scenario, size = TASKS_SCENARIOS[scenario]
+        n = getattr(self.cfg, size)
+        args = [str(self.python), TASKS_SCRIPT, script_scenario, "--n", str(n), "--window", str(self.cfg.window),
+                "--lead", str(self.cfg.lead)]
+        note(f"peers: {TASKS_SYSTEM} {script_scenario} (n={n}), repeat {rep + 1}")
+        before = len(load(self.out))
+        with open(self.log, "a") as log:
+            subprocess.run(args, check=False, cwd=self.dir, env={**self.env(), "PB_JSONL": str(self.out)},
+                           stdout=log, stderr=subprocess.STDOUT, timeout=900)
+        return [{**record, "scenario": scenario, "peer_scenario": record.get("scenario"), "bench_rep": rep,
+                 "bench_scenario": scenario} for record in load(self.out)[before:]]
+
 
 def load(path: Path) -> list[dict]:
     """The harness's result lines (errors included, as {"error": ...})."""

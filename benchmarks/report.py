@@ -4,9 +4,12 @@ import json
 from pathlib import Path
 
 from .config import PATH_LABELS
-from .durable import LABELS as DURABLE_LABELS
+from .durable import LABELS
 from .peers import peer_scenario
 from .stats import summarize
+from .tasks_backend import LABELS as TASKS_LABELS
+
+DURABLE_LABELS = {**LABELS, **TASKS_LABELS}  # the variants of the scenarios that compare two ways
 
 TIMED_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "early",
                  "sched_per_s", "sched_overrun", "claim_per_s", "start_per_s", "drain_total_s", "cpu_steal_pct")
@@ -23,6 +26,10 @@ DURABLE_METRICS = {
     "durable_restart": ("missing", "duplicates", "early", "late", "late_in_outage", "late_outside_outage",
                         "due_in_outage", "outage_s", "p50_ms", "p99_ms", "max_ms", "cpu_steal_pct"),
     "durable_cost": ("sched_per_s", "cpu_steal_pct"),
+    "tasks_spread": ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "early", "sched_per_s",
+                     "cpu_steal_pct"),
+    "tasks_drain": ("start_per_s", "drain_total_s", "missing", "duplicates", "sched_per_s", "cpu_steal_pct"),
+    "tasks_enqueue": ("sched_per_s", "cpu_steal_pct"),
 }
 DURABLE_HEADERS = {
     "durable_spread": ["p50 ms", "p90 ms", "p99 ms", "max ms", "missing", "dup", "early", "calls/s", "steal %"],
@@ -30,6 +37,9 @@ DURABLE_HEADERS = {
     "durable_restart": ["lost", "dup", "early", "late > 1 s", "of them due in the outage", "late outside it",
                         "due in the outage", "outage s", "p50 ms", "p99 ms", "max ms", "steal %"],
     "durable_cost": ["apply_async(countdown=3600)/s", "steal %"],
+    "tasks_spread": ["p50 ms", "p90 ms", "p99 ms", "max ms", "missing", "dup", "early", "enqueue/s", "steal %"],
+    "tasks_drain": ["starts/s", "drain s", "missing", "dup", "enqueue/s", "steal %"],
+    "tasks_enqueue": ["enqueue()/s", "steal %"],
 }
 DURABLE_TITLES = {
     "durable_spread": "{n_durable_spread:,} calls due over {window:.0f} s, one worker (lateness in ms)",
@@ -37,6 +47,9 @@ DURABLE_TITLES = {
     "durable_restart": ("{n_durable_restart:,} calls due {restart_from:.0f}-{restart_to:.0f} s ahead; every worker "
                         "process killed -9 at {restart_kill_at:.0f} s, a new worker {restart_down:.0f} s later"),
     "durable_cost": "{n_durable_cost:,} apply_async(countdown=3600) calls, no worker",
+    "tasks_spread": "{n_tasks_spread:,} Django tasks with run_after over {window:.0f} s, through TimeoutsBackend",
+    "tasks_drain": "{n_tasks_drain:,} Django tasks ready to run, then the dispatcher starts",
+    "tasks_enqueue": "{n_tasks_enqueue:,} enqueue() calls due in an hour, no worker",
 }
 PEER_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "schedule_per_s", "drain_per_s",
                 "idle_qps", "idle_cpu_pct")

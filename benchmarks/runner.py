@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import defaults, durable, idle, machine, report, scenarios, targets, throughput
+from . import defaults, durable, idle, machine, report, scenarios, targets, tasks_backend, throughput
 from .database import BenchDatabase, BenchError
 from .peers import Peers
 from .processes import child_env, dispatcher_available, flush_broker
@@ -58,6 +58,10 @@ def run(cfg, *, settings_module, root, broker_in_use=None) -> dict:
     json_path = Path(cfg.json_path) if cfg.json_path else default_json_path(root)
     log_dir = json_path.with_name(json_path.stem + "-logs")
     notes, paths = [], list(cfg.paths)
+    missing_backend = [s for s in cfg.scenarios if s in tasks_backend.SCENARIOS and not tasks_backend.available()]
+    if missing_backend:
+        raise BenchError(f"{', '.join(missing_backend)} need timeouts.backends.TimeoutsBackend and Django's tasks "
+                         "framework (Django 6.0, or the django-tasks backport)")
     if "dispatcher" in paths and not dispatcher_available():
         paths.remove("dispatcher")
         notes.append("the timeouts_dispatcher command does not exist here: dispatcher path skipped")
@@ -114,12 +118,14 @@ def run(cfg, *, settings_module, root, broker_in_use=None) -> dict:
 def _scenario(ctx, scenario, rep, notes) -> list[dict]:
     """Every path of one scenario in one repeat. A failed run is recorded and the bench goes on."""
     cfg, out = ctx.cfg, []
-    if scenario in ("schedule", "defaults", *durable.SCENARIOS):
+    if scenario in ("schedule", "defaults", *durable.SCENARIOS, *tasks_backend.SCENARIOS):
         note(f"repeat {rep + 1}/{cfg.repeat}: {scenario}")
         try:
             before = machine.cpu_times()
             if scenario in durable.SCENARIOS:
                 variants = durable.run(ctx, scenario, rep)
+            elif scenario in tasks_backend.SCENARIOS:
+                variants = tasks_backend.run(ctx, scenario, rep)
             else:
                 variants = (throughput if scenario == "schedule" else defaults).run(ctx, rep)
             steal = machine.steal_pct(before, machine.cpu_times())
@@ -165,6 +171,7 @@ def _finish(result, runs, peer_runs, cfg):
     summary = report.aggregate(runs)
     ratios = targets.ratios(runs, peer_runs)
     ratios.update(durable.ratios(runs))
+    ratios.update(tasks_backend.ratios(runs, peer_runs))
     schedule = targets.schedule_ratios(runs)
     if schedule:
         ratios.setdefault("schedule", {}).update(schedule)

@@ -101,3 +101,29 @@ def test_durable_task_against_celery_eta_tiny_run(tmp_path):
     assert result["ratios"]["durable_memory"]["durable/idle"]["rss_mb"]["median"] > 0
     assert {t["scenario"] for t in result["targets"]} == {"durable_spread", "durable_memory", "durable_restart"}
     assert "durable_restart" in stdout and "DurableTask" in stdout
+
+
+@pytest.mark.timeout(300)
+def test_django_tasks_backend_tiny_run(tmp_path):
+    from benchmarks import tasks_backend
+
+    if not tasks_backend.available():
+        pytest.skip("timeouts.backends.TimeoutsBackend or Django's tasks framework is not importable")
+    result, stdout = run_bench(
+        tmp_path, "--scenarios", "tasks_spread,tasks_drain,tasks_enqueue", "--repeat", "1", "--n", "60",
+        "--window", "1", "--lead", "2", timeout=280)
+
+    assert not [note for note in result["notes"] if "failed" in note], result["notes"]
+    runs = {(r["scenario"], r["path"]): r for r in result["runs"]}
+    for scenario in ("tasks_spread", "tasks_drain"):
+        run = runs[(scenario, "timeouts")]
+        assert run["n"] == run["started"] == 60, run
+        assert run["missing"] == run["duplicates"] == 0, run
+        assert run["start_per_s"] > 0 and run["sched_per_s"] > 0
+    assert runs[("tasks_spread", "timeouts")]["early"] == 0
+    assert runs[("tasks_spread", "timeouts")]["p99_ms"] is not None
+    assert runs[("tasks_enqueue", "timeouts")]["sched_per_s"] > 0
+    # Without --peers django_tasks there is nothing to divide by: the ratio targets are not measured.
+    ratio_targets = [t for t in result["targets"] if "django-tasks-db's" in t["target"]]
+    assert len(ratio_targets) == 3 and all(t["ok"] is None for t in ratio_targets)
+    assert "TimeoutsBackend" in stdout

@@ -9,7 +9,7 @@ from django.test.utils import override_settings
 from benchmarks.config import KNOWN_SCENARIOS, PATHS, PEER_SYSTEMS, BenchConfig
 
 SIZES = ("n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "n_idle", "n_durable_spread", "n_durable_memory",
-         "n_durable_restart", "n_durable_cost")
+         "n_durable_restart", "n_durable_cost", "n_tasks_spread", "n_tasks_drain", "n_tasks_enqueue")
 
 
 def _names(text):
