@@ -11,4 +11,11 @@ CELERY_WORKER_TIMER_PRECISION = worker_timer_precision(CELERY_BROKER_URL)  # noq
 # Celery lets the CELERY_BROKER_URL environment variable override the setting (bin/test exports the
 # project's broker there): pin it to the test broker for this process and every child it starts.
 os.environ["CELERY_BROKER_URL"] = CELERY_BROKER_URL
+# Django's tasks framework on timeouts (tests/*/test_tasks_backend*.py): "default" with Django's
+# semantics (one attempt), "retrying" with three attempts and a short TTR (a lost attempt shows soon).
+TASKS = {
+    "default": {"BACKEND": "timeouts.backends.TimeoutsBackend", "QUEUES": ["default", "timeouts-test-other"]},
+    "retrying": {"BACKEND": "timeouts.backends.TimeoutsBackend", "QUEUES": ["default"],
+                 "OPTIONS": {"MAX_ATTEMPTS": 3, "TTR": 3}},
+}
 LOGGING["loggers"]["timeouts"]["level"] = os.environ.get("TIMEOUTS_LOG_LEVEL", "WARNING")  # noqa: F405

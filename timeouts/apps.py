@@ -11,6 +11,10 @@ class TimeoutsConfig(AppConfig):
         # Handlers registered in every process that loads Django: web (validation of biz_type),
         # scanner and dispatcher (routing to queues) and workers (running them).
         autodiscover_modules("timeouts_handlers")
+        # And the queues of Django's tasks framework that timeouts.backends.TimeoutsBackend serves.
+        from .tasks_queues import register_from_settings
+
+        register_from_settings()
         # Imported for what importing does: the system checks register themselves, the Celery tasks
         # join the host's app, and the dispatcher thread starts in workers when DISPATCHER_IN_WORKER is on.
         from . import checks, tasks, worker_dispatcher  # noqa: F401

@@ -137,21 +137,24 @@ def _check_queues(app):
     if create_missing and (not declared or names == {app.conf.task_default_queue, BEAT_QUEUE}):
         return []  # no queue of the host's own: they are created when first used
     problems = []
+    # One message per missing queue, naming every handler on it (each queue of Django's tasks
+    # framework that timeouts serves is a handler too: tasks_queues.py).
+    missing = {}
     for handler in sorted(registry.registered().values(), key=lambda h: h.biz_type):
-        queue = handler.queue
-        if queue is None or queue in names:
-            continue
+        if handler.queue is not None and handler.queue not in names:
+            missing.setdefault(handler.queue, []).append(repr(handler.biz_type))
+    for queue, biz_types in missing.items():
+        handlers = f"Handler {biz_types[0]} runs" if len(biz_types) == 1 else f"Handlers {', '.join(biz_types)} run"
         known = ", ".join(sorted(names))
         if create_missing:
             problems.append(Warning(
-                f"Handler {handler.biz_type!r} runs on queue {queue!r}, which is not in the Celery app's "
-                f"task_queues ({known}).",
+                f"{handlers} on queue {queue!r}, which is not in the Celery app's task_queues ({known}).",
                 hint=f"Add it to task_queues and start a worker with -Q {queue}; as it is, Celery creates the queue "
                      "on first use and only a worker started with that -Q will consume it.",
                 id="timeouts.W003"))
         else:
             problems.append(Error(
-                f"Handler {handler.biz_type!r} runs on queue {queue!r}, which the Celery app does not declare "
+                f"{handlers} on queue {queue!r}, which the Celery app does not declare "
                 f"(task_queues: {known}) and task_create_missing_queues is off: its tasks cannot be published.",
                 hint=f"Add {queue!r} to task_queues, or change the handler's queue=.",
                 id="timeouts.E005"))

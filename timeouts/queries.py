@@ -33,7 +33,7 @@ def parse(text: str) -> dict[str, str]:
     return queries
 
 
-QUERY_FILES = ("queries.sql", "partitions.sql", "dispatcher.sql", "stats.sql")
+QUERY_FILES = ("queries.sql", "partitions.sql", "dispatcher.sql", "stats.sql", "tasks_backend.sql")
 
 
 def _load():
@@ -70,7 +70,8 @@ QUERIES["insert_task_autocommit"] = QUERIES["insert_task"].replace(NOTIFY_ONCE_P
 # (own_connection.py). Django's own cursors bind on the client and never prepare, so nothing else
 # of the host's changes. A migration that adds a column is harmless: psycopg prepares again (test_prepared.py).
 PREPARED = frozenset({"insert_task", "insert_task_autocommit", "claim_due", "start_task", "finish_task",
-                      "finish_then_start_task", "fail_task"})
+                      "finish_then_start_task", "fail_task",
+                      "tasks_backend_started", "tasks_backend_returned", "tasks_backend_failed"})
 
 
 def execute(name, params=None, *, using=None, partition=None):

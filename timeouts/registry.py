@@ -7,11 +7,13 @@ from dataclasses import dataclass
 from django.core.exceptions import ImproperlyConfigured
 
 from .errors import InvalidBizType, UnknownBizType
-from .validation import describe
+from .validation import check_concurrency, check_rate_limit, describe
 
 BIZ_TYPE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 # The biz_types of the Celery calls DurableTask stores (celery_calls.py): no handler's.
 CELERY_CALLS = "celery:"
+# The biz_types of the tasks of Django's tasks framework (tasks_queues.py): no handler's either.
+DJANGO_TASKS = "tasks:"
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,8 @@ class Handler:
     queue: str | None = None
     max_attempts: int | None = None  # None: the DEFAULT_MAX_ATTEMPTS setting
     ttr: int | None = None  # None: the DEFAULT_TTR setting
+    rate_limit: float | None = None  # handler starts per second, deployment-wide (timeouts.isolation)
+    concurrency: int | None = None  # tasks running at once, deployment-wide
 
     def __call__(self, task):
         return self.func(task)
@@ -38,11 +42,14 @@ def check_biz_type(biz_type) -> str:
     return biz_type
 
 
-def handler(biz_type, *, queue=None, max_attempts=None, ttr=None):
+def handler(biz_type, *, queue=None, max_attempts=None, ttr=None, rate_limit=None, concurrency=None):
     """Register the decorated function as the handler of `biz_type`.
 
     The function receives the `TimeoutTask` (status RUNNING). Returning marks it DONE; raising
     retries it with backoff, and after `max_attempts` attempts it becomes DEAD.
+
+    `rate_limit` (starts per second) and `concurrency` (tasks running at once) limit this biz_type
+    across the whole deployment (timeouts.isolation); `timeouts.set_limits()` overrides them at run time.
 
     A bad registration (name, option, or a second handler for one biz_type) raises
     ImproperlyConfigured, at import time: the project is misconfigured, not a user's input.
@@ -54,14 +61,19 @@ def handler(biz_type, *, queue=None, max_attempts=None, ttr=None):
         raise ImproperlyConfigured(
             f"@timeouts.handler: biz_types starting with {CELERY_CALLS!r} are the Celery calls that "
             f"timeouts.celery.DurableTask stores, got {biz_type!r}")
+    if biz_type.startswith(DJANGO_TASKS):
+        raise ImproperlyConfigured(
+            f"@timeouts.handler: biz_types starting with {DJANGO_TASKS!r} are the tasks of Django's tasks "
+            f"framework that timeouts.backends.TimeoutsBackend stores, got {biz_type!r}")
     for name, value in (("max_attempts", max_attempts), ("ttr", ttr)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ImproperlyConfigured(f"handler {biz_type!r}: {name} must be a positive integer, got {value!r}")
     if queue is not None and (not isinstance(queue, str) or not queue):
         raise ImproperlyConfigured(f"handler {biz_type!r}: queue must be a non-empty string, got {queue!r}")
+    rate_limit, concurrency = _limits(biz_type, rate_limit, concurrency)
 
     def register(func):
-        new = Handler(biz_type, func, queue, max_attempts, ttr)
+        new = Handler(biz_type, func, queue, max_attempts, ttr, rate_limit, concurrency)
         old = _handlers.get(biz_type)
         # Re-importing the same module (autoreload, tests) re-registers the same function: allowed.
         if old is not None and _qualified(old.func) != _qualified(func):
@@ -75,8 +87,20 @@ def handler(biz_type, *, queue=None, max_attempts=None, ttr=None):
     return register
 
 
+def _limits(biz_type, rate_limit, concurrency):
+    def misconfigured(message):
+        return ImproperlyConfigured(f"handler {biz_type!r}: {message}")
+
+    return check_rate_limit(rate_limit, misconfigured), check_concurrency(concurrency, misconfigured)
+
+
 def _qualified(func):
     return f"{func.__module__}.{func.__qualname__}"
+
+
+def register_internal(handler: Handler):
+    """Register one of timeouts' own handlers (tasks_queues.py), under a reserved biz_type."""
+    _handlers[handler.biz_type] = handler
 
 
 def get_handler(biz_type) -> Handler:

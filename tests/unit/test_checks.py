@@ -99,7 +99,9 @@ def test_handler_queues_must_exist_when_queues_are_declared(monkeypatch):
     assert checks.check_celery() == []  # queues are created on first use
     monkeypatch.setitem(app.conf, "task_queues", [Queue("celery")])
     problems = checks.check_celery()
-    assert ids(problems) == ["timeouts.W003"] and "'test.queued' runs on queue 'timeouts-test-other'" in problems[0].msg
+    # One message per queue, naming every handler on it (tests/settings.py's TASKS serves that queue too).
+    assert ids(problems) == ["timeouts.W003"] and "'test.queued' run on queue 'timeouts-test-other'" in problems[0].msg
+    assert "Handlers 'tasks:default:timeouts-test-other', 'test.queued'" in problems[0].msg
     monkeypatch.setitem(app.conf, "task_create_missing_queues", False)
     assert ids(checks.check_celery()) == ["timeouts.E005"]
     monkeypatch.setitem(app.conf, "task_queues", [Queue("celery"), Queue("timeouts-test-other")])

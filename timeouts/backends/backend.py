@@ -1,0 +1,119 @@
+"""`TimeoutsBackend`: a backend for Django's tasks framework whose tasks are timeout tasks.
+
+    TASKS = {"default": {"BACKEND": "timeouts.backends.TimeoutsBackend", "QUEUES": ["default"],
+                         "OPTIONS": {"MAX_ATTEMPTS": 1}}}
+
+enqueue() inserts a row (in the caller's transaction, if any) due at the task's run_after, or now;
+the dispatcher or the scan hands it to a Celery worker on the queue's Celery queue
+(tasks_queues.py), where execution.py runs it behind the usual compare-and-set and records its
+result in the row. get_result() reads that row by the key its id names (results.py).
+"""
+
+from datetime import timedelta
+from functools import partial
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+
+from .. import events, tasks_queues, validation
+from ..conf import get_settings
+from ..errors import InvalidAttribute
+from ..models import TimeoutTask
+from ..queries import fetch_one
+from ..scheduling import NewTask, _insert
+from . import results
+from .compat import (
+    BaseTaskBackend,
+    InvalidTask,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    normalize_json,
+    task_enqueued,
+)
+from .errors import InvalidTaskArguments, InvalidTaskOptions
+
+# The attribute's format, so that a later version can read the tasks an older one stored.
+FORMAT = 1
+# A biz_id is at most 255 characters: the task's path, shown and searched in the admin.
+MAX_BIZ_ID = 255
+
+
+class TimeoutsBackend(BaseTaskBackend):
+    """Django's tasks as timeout tasks: durable, run by Celery workers at their run_after with the
+    dispatcher's lateness, retried with timeouts' backoff up to OPTIONS["MAX_ATTEMPTS"] attempts."""
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    # Tasks due together start in the order they became due (run_at), whatever their priority.
+    supports_priority = False
+
+    def __init__(self, alias, params):
+        super().__init__(alias, params)
+        self.settings = tasks_queues.options(alias, params)
+        self.max_attempts = self.settings.max_attempts
+        self.ttr = self.settings.ttr
+        # Here too, for a backend configured after start-up (override_settings in tests).
+        tasks_queues.register(self.settings)
+
+    def validate_task(self, task):
+        try:
+            super().validate_task(task)
+        except InvalidTaskOptions:
+            raise
+        except InvalidTask as exc:
+            message = str(exc)
+            if task.queue_name not in self.queues:
+                message += f" Backend {self.alias!r} serves the queues {', '.join(sorted(self.queues))} (QUEUES)."
+            raise InvalidTaskOptions(message) from None
+
+    def enqueue(self, task, args, kwargs):
+        self.validate_task(task)
+        new, call = self._new_task(task, args, kwargs)
+        connection = connections[DEFAULT_DB_ALIAS]
+        row = events.scheduled(_insert(TimeoutTask, new, connection))
+        result = TaskResult(
+            task=task, id=results.result_id(row.job_id, row.action_time), status=TaskResultStatus.READY,
+            enqueued_at=row.created_at, started_at=None, finished_at=None, last_attempted_at=None,
+            args=call["args"], kwargs=call["kwargs"], backend=self.alias, errors=[], worker_ids=[])
+        send = partial(task_enqueued.send, type(self), task_result=result)
+        if connection.in_atomic_block:
+            transaction.on_commit(send, using=DEFAULT_DB_ALIAS)  # a rolled-back task was never enqueued
+        else:
+            send()
+        return result
+
+    def _new_task(self, task, args, kwargs):
+        """The row to insert and the call it stores, checked completely first: bad input raises
+        and stores nothing."""
+        try:
+            call = {"format": FORMAT, "backend": self.alias, "task": task.module_path, "queue": task.queue_name,
+                    "args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
+        except (TypeError, ValueError) as exc:
+            raise InvalidTaskArguments(f"the arguments of {task.module_path} are not JSON: {exc}") from None
+        if task.run_after is not None:
+            call["run_after"] = task.run_after.isoformat()
+        try:
+            attribute = validation.attribute(call, get_settings().MAX_ATTRIBUTE_BYTES)
+        except InvalidAttribute as exc:
+            raise InvalidTaskArguments(f"the arguments of {task.module_path}: {exc}") from None
+        if task.run_after is None:
+            at, delay = None, timedelta(0)  # now, by the database clock
+        else:
+            at, delay = validation.action_time(at=task.run_after)
+        new = NewTask(biz_type=tasks_queues.biz_type_for(self.alias, task.queue_name),
+                      biz_id=task.module_path[:MAX_BIZ_ID], at=at, delay=delay, attribute=attribute,
+                      max_attempts=self.max_attempts, ttr=self.ttr, on_conflict=None)
+        return new, call
+
+    def get_result(self, result_id):
+        key = results.parse_result_id(result_id)
+        connection = connections[DEFAULT_DB_ALIAS]
+        # Else it moved since (an operator requeued it), or went with its partition.
+        row = (fetch_one("tasks_backend_result", key, using=connection)
+               or fetch_one("tasks_backend_result_moved", {"job_id": key["job_id"]}, using=connection))
+        if row is None:
+            raise results.missing(result_id, key)
+        if results.call_of(row)["backend"] != self.alias:
+            raise TaskResultDoesNotExist(f"task result {result_id} is of another backend than {self.alias!r}")
+        return results.from_row(self, row)

@@ -1,0 +1,33 @@
+"""cancel(result_id): the fenced cancel of a task that has not started."""
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from .. import events
+from ..queries import fetch_one
+from ..retry import retry_on_conflict
+from ..states import WAITING
+from . import results
+
+# A requeued row moves (its action_time changes); it is followed this many times.
+MOVES_FOLLOWED = 3
+
+
+def cancel(result_id) -> bool:
+    """Cancel the task of `result_id` (a TaskResult or its id) if it has not started: True means it
+    never runs, and its result reads FAILED (errors end with `timeouts.backends.Cancelled`). False:
+    it has started (or ended), or there is no such task. Inside `transaction.atomic()` the cancel
+    is part of that transaction."""
+    result_id = getattr(result_id, "id", result_id)
+    key = results.parse_result_id(result_id)
+    connection = connections[DEFAULT_DB_ALIAS]
+    for _ in range(MOVES_FOLLOWED):
+        row = retry_on_conflict(lambda key=key: fetch_one("tasks_backend_cancel", key, using=connection))
+        if row is not None:
+            events.cancelled(row["biz_type"], 1)
+            return True
+        # The compare-and-set or another cancel won; or the row moved to another partition.
+        current = fetch_one("tasks_backend_result_moved", {"job_id": key["job_id"]}, using=connection)
+        if current is None or current["status"] not in WAITING or current["action_time"] == key["action_time"]:
+            return False
+        key = {"job_id": current["job_id"], "action_time": current["action_time"]}
+    return False

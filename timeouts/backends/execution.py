@@ -1,0 +1,77 @@
+"""The worker's side: run one attempt of a task of Django's tasks framework.
+
+`timeouts.run` (running.py) has started the attempt with its compare-and-set, and calls `run()` as
+the handler of the task's queue (tasks_queues.py); what `run()` returns or raises, running.py
+records as for any handler: DONE, or a retry with backoff, or DEAD once MAX_ATTEMPTS attempts
+failed. Before that, `run()` keeps what Django's result needs in the row, each statement fenced by
+this attempt (status RUNNING, attempts = this attempt): which worker runs it, then the return
+value or the error. Django's signals go out from here: task_started once the attempt is noted,
+task_finished once its outcome is final (a success, or the last attempt's failure), just before
+running.py commits that outcome.
+"""
+
+import json
+import logging
+import os
+import socket
+import traceback
+
+from celery import current_task
+
+from ..queries import fetch_one
+from ..running import MAX_ERROR_LENGTH
+from ..states import Status
+from . import results
+from .compat import TaskContext, TaskError, TaskResultStatus, normalize_json, task_backends, task_finished, task_started
+
+logger = logging.getLogger(__name__)
+
+
+def run(alias, task):
+    """Run the attempt `task.attempts` of `task` (a TimeoutTask, RUNNING) on backend `alias`."""
+    backend = task_backends[alias]
+    key = {"job_id": task.job_id, "action_time": task.action_time, "attempt": task.attempts}
+    started = fetch_one("tasks_backend_started", {**key, "worker_id": worker_id()})
+    if started is None:  # the lease ran out already: another attempt owns the row
+        logger.warning("timeouts: %s lost its lease before it started", task)
+        return
+    row = _row(task, Status.RUNNING)
+    result = results.from_row(backend, row, errors=started["errors"], worker_ids=started["worker_ids"])
+    task_started.send(type(backend), task_result=result)
+    try:
+        func_args = [TaskContext(task_result=result), *result.args] if result.task.takes_context else result.args
+        return_value = json.dumps(normalize_json(result.task.call(*func_args, **result.kwargs)), allow_nan=False)
+        if "\\u0000" in return_value:
+            raise ValueError("the return value holds NUL (\\u0000), which PostgreSQL cannot store")
+    except Exception as exc:
+        error = TaskError(exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                          traceback="".join(traceback.format_exception(exc))[-MAX_ERROR_LENGTH:])
+        fetch_one("tasks_backend_failed", {**key, "exception_class_path": error.exception_class_path,
+                                           "traceback": error.traceback})
+        if task.attempts >= task.max_attempts:  # fail_task makes it DEAD: the result is final
+            _set(result, status=TaskResultStatus.FAILED, errors=[*result.errors, error])
+            task_finished.send(type(backend), task_result=result)  # inside except: exc_info for its log
+        raise
+    fetch_one("tasks_backend_returned", {**key, "return_value": return_value})
+    _set(result, status=TaskResultStatus.SUCCESSFUL, _return_value=json.loads(return_value))
+    task_finished.send(type(backend), task_result=result)
+    return None
+
+
+def worker_id() -> str:
+    """The Celery worker's node name and the pool process: `celery@host:1234`."""
+    request = getattr(current_task, "request", None)
+    node = getattr(request, "hostname", None) or socket.gethostname()
+    return f"{node}:{os.getpid()}"
+
+
+def _row(task, status) -> dict:
+    return {"job_id": task.job_id, "action_time": task.action_time, "status": status, "attribute": task.attribute,
+            "attempts": task.attempts, "last_error": task.last_error, "created_at": task.created_at,
+            "started_at": task.started_at, "finished_at": None}
+
+
+def _set(result, **fields):
+    """TaskResult is frozen: Django's own backends change it so as a task runs."""
+    for name, value in fields.items():
+        object.__setattr__(result, name, value)
