@@ -12,10 +12,12 @@ from .errors import (
     TimeoutsError,
     UnknownBizType,
 )
+from .isolation import Limits, limits, pause, reset_limits, resume, set_limits
 from .registry import handler
 
 __all__ = [
     "handler", "schedule", "bulk_schedule", "cancel",
+    "Limits", "limits", "set_limits", "reset_limits", "pause", "resume",
     "TimeoutsError", "InvalidAttribute", "InvalidBizId", "InvalidBizType", "InvalidOption", "InvalidTime",
     "TaskConflict", "UnknownBizType",
 ]

@@ -73,6 +73,8 @@ class TimeoutTask(models.Model):
         permissions = [
             ("cancel_timeouttask", "Can cancel timeout tasks and run them now"),
             ("requeue_timeouttask", "Can requeue dead or cancelled timeout tasks"),
+            # Of a biz_type rather than of a task (timeouts.isolation): pause(), resume(), set_limits().
+            ("change_limits", "Can pause, resume and change the limits of a biz type"),
         ]
 
     def __str__(self):

@@ -149,3 +149,21 @@ def on_conflict(value):
     if value not in ON_CONFLICT:
         raise InvalidOption(f'on_conflict must be None, "error", "replace" or "keep", got {describe(value)}')
     return value
+
+
+def check_rate_limit(value, error):
+    """A rate limit: None, or a finite number of starts per second above zero."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise error(f"rate_limit must be None or a finite number of starts per second above 0, got {value!r}")
+    return float(value)
+
+
+def check_concurrency(value, error):
+    """A concurrency limit: None, or a whole number of running tasks of at least 1."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise error(f"concurrency must be None or an integer of at least 1, got {value!r}")
+    return value

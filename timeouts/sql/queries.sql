@@ -317,3 +317,55 @@ FROM unnest(%(job_ids)s::bigint[], %(action_times)s::timestamptz[], %(attempts)s
     AS r(job_id, action_time, attempt)
 WHERE t.job_id = r.job_id AND t.action_time = r.action_time AND t.status = :RUNNING AND t.attempts = r.attempt
 RETURNING t.job_id;
+
+
+-- The limits and pauses of biz_types (timeouts/isolation.py), in timeouts_limits. What is in force:
+-- set_limits()' values when overridden, else the handler's declared ones. A change that may let
+-- tasks be claimed sooner wakes the dispatchers (with "now" as the deadline), so it applies at once.
+
+-- name: limits_of
+SELECT CASE WHEN overridden THEN rate_limit ELSE declared_rate_limit END AS rate_limit,
+       CASE WHEN overridden THEN concurrency ELSE declared_concurrency END AS concurrency,
+       paused
+FROM timeouts_limits
+WHERE biz_type = %(biz_type)s;
+
+
+-- name: declared_limits
+SELECT biz_type, declared_rate_limit, declared_concurrency FROM timeouts_limits;
+
+
+-- name: declare_limits
+INSERT INTO timeouts_limits AS l (biz_type, declared_rate_limit, declared_concurrency)
+SELECT * FROM unnest(%(biz_types)s::varchar[], %(rate_limits)s::float8[], %(concurrencies)s::integer[])
+ON CONFLICT (biz_type) DO UPDATE
+SET declared_rate_limit = excluded.declared_rate_limit, declared_concurrency = excluded.declared_concurrency,
+    modified_at = clock_timestamp()
+RETURNING timeouts_notify_v1(%(channel)s, clock_timestamp(), clock_timestamp());
+
+
+-- name: override_limits
+INSERT INTO timeouts_limits AS l
+    (biz_type, declared_rate_limit, declared_concurrency, overridden, rate_limit, concurrency)
+VALUES (%(biz_type)s, %(declared_rate_limit)s, %(declared_concurrency)s, true, %(rate_limit)s, %(concurrency)s)
+ON CONFLICT (biz_type) DO UPDATE
+SET overridden = true, rate_limit = excluded.rate_limit, concurrency = excluded.concurrency,
+    modified_at = clock_timestamp()
+RETURNING timeouts_notify_v1(%(channel)s, clock_timestamp(), clock_timestamp());
+
+
+-- name: reset_limits
+-- The declared values are this process's, for a biz_type no claimer has declared yet.
+INSERT INTO timeouts_limits AS l (biz_type, declared_rate_limit, declared_concurrency)
+VALUES (%(biz_type)s, %(declared_rate_limit)s, %(declared_concurrency)s)
+ON CONFLICT (biz_type) DO UPDATE
+SET overridden = false, rate_limit = NULL, concurrency = NULL, modified_at = clock_timestamp()
+RETURNING timeouts_notify_v1(%(channel)s, clock_timestamp(), clock_timestamp());
+
+
+-- name: pause_biz_type
+INSERT INTO timeouts_limits AS l (biz_type, declared_rate_limit, declared_concurrency, paused)
+VALUES (%(biz_type)s, %(declared_rate_limit)s, %(declared_concurrency)s, %(paused)s)
+ON CONFLICT (biz_type) DO UPDATE
+SET paused = excluded.paused, modified_at = clock_timestamp()
+RETURNING CASE WHEN NOT l.paused THEN timeouts_notify_v1(%(channel)s, clock_timestamp(), clock_timestamp()) END;

@@ -1,0 +1,112 @@
+"""Limits and pauses per biz_type: how many handler starts per second, how many running at once,
+and whether any is claimed at all.
+
+They live in the `timeouts_limits` table (sql/0005_limits.sql), one row per biz_type that has any,
+and the claim (`claim_due` in sql/queries.sql) reads them in the statement that claims: a task held
+back by a limit or a pause waits in the table, PENDING, and is claimed once it may start (late,
+never lost, never early). So a change is in force at the next claim of every dispatcher and scan,
+survives restarts, and holds however many of them run.
+
+A handler's own values (`@timeouts.handler(rate_limit=, concurrency=)`) live in code, which the
+database cannot read: `declare()` writes the values of the handlers this process knows into the
+table. The scan runs it before it claims and each dispatcher when it starts, so a deploy's values
+are in force within SCAN_INTERVAL. Passing them with every claim instead would hand each claim the
+values of whichever version of the code its process runs, and the token bucket of a rate limit
+needs a row of the table anyway. `set_limits()` overrides them until `reset_limits()`.
+"""
+
+from dataclasses import dataclass
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from .conf import notify_params
+from .errors import InvalidOption, UnknownBizType
+from .queries import execute, fetch_dicts, fetch_one
+from .registry import CELERY_CALLS, check_biz_type, find_handler, registered
+from .validation import check_concurrency, check_rate_limit
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What is in force for a biz_type: at most `rate_limit` handler starts per second and
+    `concurrency` tasks running at once (None: no limit), and whether it is paused."""
+
+    rate_limit: float | None = None
+    concurrency: int | None = None
+    paused: bool = False
+
+
+def limits(biz_type, *, using=DEFAULT_DB_ALIAS) -> Limits:
+    """The limits in force for `biz_type` now: `set_limits()`' override, else the handler's own."""
+    _known(biz_type)
+    row = fetch_one("limits_of", {"biz_type": biz_type}, using=connections[using])
+    if row is None:
+        # Nothing stored yet: the handler's own values, which the next scan declares.
+        rate_limit, concurrency = _declared(biz_type)
+        return Limits(rate_limit, concurrency, False)
+    return Limits(row["rate_limit"], row["concurrency"], row["paused"])
+
+
+def set_limits(biz_type, rate_limit=None, concurrency=None, *, using=DEFAULT_DB_ALIAS) -> None:
+    """Replace the handler's own limits of `biz_type` with these (None: no limit), in the database,
+    until the next set_limits() or reset_limits(). In force at every claimer's next claim."""
+    _known(biz_type)
+    rate_limit, concurrency = check_rate_limit(rate_limit, InvalidOption), check_concurrency(concurrency, InvalidOption)
+    _change("override_limits", biz_type, using, rate_limit=rate_limit, concurrency=concurrency)
+
+
+def reset_limits(biz_type, *, using=DEFAULT_DB_ALIAS) -> None:
+    """Drop set_limits()' override of `biz_type`: the handler's own limits are in force again."""
+    _known(biz_type)
+    _change("reset_limits", biz_type, using)
+
+
+def pause(biz_type, *, using=DEFAULT_DB_ALIAS) -> None:
+    """No task of `biz_type` is claimed until resume(); tasks already claimed or running finish as
+    usual. Its due tasks wait, PENDING, and count as late."""
+    _known(biz_type)
+    _change("pause_biz_type", biz_type, using, paused=True)
+
+
+def resume(biz_type, *, using=DEFAULT_DB_ALIAS) -> None:
+    """Undo pause(): the due tasks of `biz_type` are claimed again, oldest first, within its limits."""
+    _known(biz_type)
+    _change("pause_biz_type", biz_type, using, paused=False)
+
+
+def declare(*, using=DEFAULT_DB_ALIAS) -> int:
+    """Write the limits that this process's handlers declare into the table, where they differ
+    from what is stored (one read when nothing changed). Returns how many biz_types changed."""
+    declared = {biz_type: (handler.rate_limit, handler.concurrency) for biz_type, handler in registered().items()}
+    connection = connections[using]
+    stored = {row["biz_type"]: (row["declared_rate_limit"], row["declared_concurrency"])
+              for row in fetch_dicts("declared_limits", using=connection)}
+    changed = {biz_type: values for biz_type, values in declared.items()
+               if stored.get(biz_type, (None, None)) != values}
+    if changed:
+        execute("declare_limits", {"biz_types": list(changed),
+                                   "rate_limits": [rate for rate, _ in changed.values()],
+                                   "concurrencies": [concurrency for _, concurrency in changed.values()],
+                                   **notify_params()}, using=connection).close()
+    return len(changed)
+
+
+def _known(biz_type):
+    """A biz_type whose tasks this deployment runs: a handler's, or a stored Celery call's (any
+    Celery task may be a DurableTask, and this process need not have bound them all)."""
+    check_biz_type(biz_type)
+    if find_handler(biz_type) is None and not biz_type.startswith(CELERY_CALLS):
+        names = ", ".join(sorted(registered())) or "none"
+        raise UnknownBizType(f"no handler is registered for biz_type {biz_type!r}; known: {names}")
+
+
+def _declared(biz_type):
+    handler = find_handler(biz_type)
+    return (None, None) if handler is None else (handler.rate_limit, handler.concurrency)
+
+
+def _change(query, biz_type, using, **values):
+    rate_limit, concurrency = _declared(biz_type)
+    params = {"biz_type": biz_type, "declared_rate_limit": rate_limit, "declared_concurrency": concurrency,
+              **values, **notify_params()}
+    execute(query, params, using=connections[using]).close()
