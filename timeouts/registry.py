@@ -14,8 +14,6 @@ BIZ_TYPE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 CELERY_CALLS = "celery:"
 # The biz_types of the tasks of Django's tasks framework (tasks_queues.py): no handler's either.
 DJANGO_TASKS = "tasks:"
-# The biz_types of the tasks of Django's tasks framework (tasks_queues.py): no handler's either.
-DJANGO_TASKS = "tasks:"
 
 
 @dataclass(frozen=True)
@@ -67,10 +65,6 @@ def handler(biz_type, *, queue=None, max_attempts=None, ttr=None, rate_limit=Non
         raise ImproperlyConfigured(
             f"@timeouts.handler: biz_types starting with {DJANGO_TASKS!r} are the tasks of Django's tasks "
             f"framework that timeouts.backends.TimeoutsBackend stores, got {biz_type!r}")
-    if biz_type.startswith(DJANGO_TASKS):
-        raise ImproperlyConfigured(
-            f"@timeouts.handler: biz_types starting with {DJANGO_TASKS!r} are the tasks of Django's tasks "
-            f"framework that timeouts.backends.TimeoutsBackend stores, got {biz_type!r}")
     for name, value in (("max_attempts", max_attempts), ("ttr", ttr)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ImproperlyConfigured(f"handler {biz_type!r}: {name} must be a positive integer, got {value!r}")
@@ -102,11 +96,6 @@ def _limits(biz_type, rate_limit, concurrency):
 
 def _qualified(func):
     return f"{func.__module__}.{func.__qualname__}"
-
-
-def register_internal(handler: Handler):
-    """Register one of timeouts' own handlers (tasks_queues.py), under a reserved biz_type."""
-    _handlers[handler.biz_type] = handler
 
 
 def register_internal(handler: Handler):
