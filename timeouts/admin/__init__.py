@@ -6,15 +6,18 @@
   to the partitions they need; search is by exact job id or biz_id (two index probes).
 - Actions (actions.py): cancel, requeue, run now, through the ORM API, with their own permissions,
   logged in the admin log.
+- The businesses page (businesses.py), beside the list: every biz_type with its overdue and coming
+  tasks, its lateness, and its limits and pause, which `timeouts.change_limits` may change.
 - Nothing can be added or edited; deleting is off unless a subclass sets `allow_delete = True`
   (then Django's delete permission applies). View-only staff can look and change nothing.
 """
 
 from django.contrib import admin
 from django.db.models import Q
+from django.urls import path
 
 from ..models import TimeoutTask
-from . import display
+from . import businesses, display
 from .actions import cancel_selected, requeue_selected, run_now
 from .filters import BizTypeFilter, DueWindowFilter, StatusFilter
 from .paginator import EstimatedCountPaginator
@@ -64,6 +67,13 @@ class TimeoutTaskAdmin(admin.ModelAdmin):
 
     def has_requeue_permission(self, request):
         return request.user.has_perm(f"{self.opts.app_label}.requeue_timeouttask")
+
+    # --- the businesses page --------------------------------------------------------------------
+
+    def get_urls(self):
+        page = self.admin_site.admin_view(lambda request: businesses.businesses_view(self, request))
+        name = f"{self.opts.app_label}_{self.opts.model_name}_businesses"
+        return [path("businesses/", page, name=name), *super().get_urls()]
 
     # --- the changelist --------------------------------------------------------------------------
 

@@ -82,3 +82,87 @@ SELECT c.relname AS name, pg_total_relation_size(c.oid) AS bytes
 FROM pg_inherits AS i
 JOIN pg_class AS c ON c.oid = i.inhrelid
 WHERE i.inhparent = 'timeouts_task'::regclass;
+
+
+-- Per biz_type, for the admin's businesses page, `timeouts_stats` and the metrics. Each reads at
+-- most its `limit` rows through an index (test_admin_businesses_plans.py EXPLAINs them on a
+-- partitioned table); `now` is the database clock read once per page, so the statements agree
+-- with each other and PostgreSQL prunes partitions when it plans them.
+
+
+-- name: biz_types_in_table
+-- The distinct biz_types of the table, in order, by a loose index scan of timeouts_task_biz_type:
+-- each step is one probe per partition for the next biz_type after the last one found, however
+-- many rows each biz_type has.
+WITH RECURSIVE found(biz_type) AS (
+    (SELECT biz_type FROM timeouts_task ORDER BY biz_type LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.biz_type FROM timeouts_task AS t WHERE t.biz_type > found.biz_type
+            ORDER BY t.biz_type LIMIT 1)
+    FROM found
+    WHERE found.biz_type IS NOT NULL
+)
+SELECT biz_type FROM found WHERE biz_type IS NOT NULL LIMIT %(limit)s;
+
+
+-- name: overdue_by_biz_type
+-- PENDING tasks already due, by biz_type, from at most `limit` rows of timeouts_task_due (past
+-- partitions only). `read` says how many rows that was: when it reaches the limit, every count is
+-- a lower bound.
+SELECT biz_type, count(*) AS n, sum(count(*)) OVER ()::bigint AS read
+FROM (SELECT biz_type FROM timeouts_task
+      WHERE status = :PENDING AND run_at <= %(now)s AND action_time <= %(now)s
+      LIMIT %(limit)s) AS overdue
+GROUP BY biz_type;
+
+
+-- name: due_soon_of_biz_type
+-- The tasks of one biz_type whose action_time falls in (now, now + window], the first `limit` of
+-- them in time order, counted by bucket of `bucket` seconds; `read` and `last` say how far the
+-- scan went. Only PENDING ones count (cancelled ones are read, within the limit, and left out).
+-- One statement per biz_type, with the biz_type a constant, so PostgreSQL plans with that
+-- biz_type's own frequency: timeouts_task_biz_type for all but the most frequent ones (a
+-- parameter from a join would be planned with an average frequency, and the window read in full
+-- through timeouts_task_action_time). Either index yields the rows in time order, so the LIMIT
+-- stops the scan; one or two partitions.
+SELECT s.bucket, count(*) FILTER (WHERE s.status = :PENDING) AS due,
+       sum(count(*)) OVER ()::bigint AS read, max(max(s.action_time)) OVER () AS last
+FROM (SELECT status, action_time, floor(extract(epoch FROM action_time - %(now)s) / %(bucket)s)::int AS bucket
+      FROM timeouts_task
+      WHERE biz_type = %(biz_type)s AND action_time > %(now)s AND action_time <= %(now)s + %(window)s
+      ORDER BY action_time
+      LIMIT %(limit)s) AS s
+GROUP BY s.bucket;
+
+
+-- name: recent_lateness_of_biz_type
+-- The tasks of one biz_type due in (now - window, now], the latest `limit` of them (planned as
+-- due_soon_of_biz_type), by bucket of `bucket` seconds counted back from now: p50 and p99 of the
+-- lateness of first attempts, started_at - action_time, or now - action_time for one still
+-- waiting to start (late so far: a paused or limited biz_type shows here before its tasks
+-- start). Cancelled tasks and retries are read and left out.
+SELECT s.bucket, count(*) FILTER (WHERE s.first_attempt) AS tasks,
+       percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY s.late) FILTER (WHERE s.first_attempt)
+           AS percentiles,
+       sum(count(*)) OVER ()::bigint AS read, min(min(s.action_time)) OVER () AS first
+FROM (SELECT action_time,
+             (attempts = 0 AND status IN (:PENDING, :DISPATCHED)
+              OR attempts = 1 AND status NOT IN (:PENDING, :CANCELLED)) AS first_attempt,
+             extract(epoch FROM coalesce(started_at, %(now)s) - action_time)::float8 AS late,
+             floor(extract(epoch FROM %(now)s - action_time) / %(bucket)s)::int AS bucket
+      FROM timeouts_task
+      WHERE biz_type = %(biz_type)s AND action_time > %(now)s - %(window)s AND action_time <= %(now)s
+      ORDER BY action_time DESC
+      LIMIT %(limit)s) AS s
+GROUP BY s.bucket;
+
+
+-- name: stored_limits
+-- The limits and pauses stored per biz_type (timeouts.limits; one small row each): in force, the
+-- override when there is one, else what the handler declares.
+SELECT biz_type, declared_rate_limit, declared_concurrency, overridden, paused,
+       CASE WHEN overridden THEN rate_limit ELSE declared_rate_limit END AS rate_limit,
+       CASE WHEN overridden THEN concurrency ELSE declared_concurrency END AS concurrency
+FROM timeouts_limits
+ORDER BY biz_type
+LIMIT %(limit)s;

@@ -1,0 +1,148 @@
+"""The businesses page: every biz_type this deployment knows, with what is waiting, what is coming,
+how late it runs, and the limits and pause in force; where an operator looks first in an incident.
+
+Reached from the task list (/admin/timeouts/timeouttask/businesses/), for staff who may view
+tasks. Pausing, resuming and setting limits from it need the permission `timeouts.change_limits`;
+each change goes through timeouts.pause(), resume() or set_limits(), and into the admin log.
+
+Every number on it comes from bounded, index-served queries (timeouts.stats, sql/stats.sql), so
+it answers as fast on tens of millions of rows as on a few.
+"""
+
+from dataclasses import dataclass
+
+from django.contrib import messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+
+from .. import operations, registry, stats
+from ..errors import InvalidOption, TimeoutsError
+from ..models import TimeoutTask
+from . import charts, control
+
+PERMISSION = "timeouts.change_limits"
+
+
+@dataclass
+class Row:
+    biz_type: str
+    sources: list[str]
+    overdue: stats.Count
+    due_soon: stats.Buckets
+    lateness: stats.Buckets
+    limits: control.BizTypeLimits
+
+    @property
+    def due_chart(self):
+        buckets = [(self.due_soon.label(i), n) for i, n in enumerate(self.due_soon.values)]
+        return charts.due_chart(buckets, read_buckets=self.due_soon.unread[0], chart_id=f"due-{self.biz_type}")
+
+    @property
+    def overdue_shown(self):
+        return _at_least(self.overdue.value, self.overdue.exact)
+
+    @property
+    def due_total(self):
+        return _at_least(sum(self.due_soon.values), self.due_soon.complete)
+
+    @property
+    def lateness_chart(self):
+        buckets = [(self.lateness.label(i), *(value or (None, None, 0)))
+                   for i, value in enumerate(self.lateness.values)]
+        return charts.lateness_chart(buckets, unread_buckets=self.lateness.unread[1],
+                                     chart_id=f"late-{self.biz_type}")
+
+    @property
+    def worst_p99(self):
+        found = [value[1] for value in self.lateness.values if value]
+        return stats.seconds(max(found)) if found else "-"
+
+    @property
+    def latest_p50(self):
+        found = [value[0] for value in self.lateness.values if value]
+        return stats.seconds(found[-1]) if found else "-"
+
+
+def _at_least(n, exact):
+    return f"{n:,}" if exact else f"\u2265 {n:,}"
+
+
+def rows(using="default"):
+    """(database now, overdue counts exact?, [Row]) for every known biz_type."""
+    now = operations.database_now(using)
+    in_table = stats.biz_types_in_table(using=using)
+    overdue = stats.overdue_by_biz_type(now, using=using)
+    stored = stats.stored_limits(using=using) if control.AVAILABLE else {}
+    sources = {}
+    for source, names in (("handler", registry.registered()), ("DurableTask", registry.registered_celery_calls()),
+                          ("tasks", in_table), ("overdue", overdue), ("limits", stored)):
+        for name in names:
+            sources.setdefault(name, []).append(source)
+    names = sorted(sources)
+    due = stats.due_soon(names, now, using=using)
+    late = stats.recent_lateness(names, now, using=using)
+    limits = control.all_limits(names, stored)
+    exact = all(count.exact for count in overdue.values())
+    return now, exact, [Row(name, sources[name], overdue.get(name, stats.Count(0, exact)), due[name], late[name],
+                            limits[name]) for name in names]
+
+
+def businesses_view(model_admin, request):
+    if not model_admin.has_view_permission(request):
+        raise PermissionDenied
+    can_change = control.AVAILABLE and request.user.has_perm(PERMISSION)
+    if request.method == "POST":
+        if not can_change:
+            raise PermissionDenied
+        _change(request)
+        return HttpResponseRedirect(request.get_full_path())
+    if request.method not in ("GET", "HEAD"):
+        return HttpResponseNotAllowed(["GET", "HEAD", "POST"])
+    now, exact, found = rows(using=model_admin.model.objects.db)
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.opts,
+        "title": "Businesses",
+        "subtitle": None,
+        "now": now,
+        "overdue_exact": exact,
+        "overdue_limit": stats.OVERDUE_LIMIT,
+        "rows": found,
+        "legend": charts.legend(),
+        "can_change": can_change,
+    }
+    request.current_app = model_admin.admin_site.name
+    return TemplateResponse(request, "admin/timeouts/businesses.html", context)
+
+
+def _change(request):
+    action = request.POST.get("action")
+    biz_type = request.POST.get("biz_type", "")
+    try:
+        registry.check_biz_type(biz_type)
+        if action == "pause":
+            message = control.pause(biz_type)
+        elif action == "resume":
+            message = control.resume(biz_type)
+        elif action == "set_limits":
+            message = control.set_limits(biz_type, request.POST.get("rate_limit", ""),
+                                         request.POST.get("concurrency", ""))
+        elif action == "reset_limits":
+            message = control.reset_limits(biz_type)
+        else:
+            raise InvalidOption(f"unknown action {action!r}")
+    except TimeoutsError as error:
+        messages.error(request, f"Nothing was changed: {error}")
+        return
+    if message is None:
+        messages.info(request, f"{biz_type}: nothing to change.")
+        return
+    # Of a biz_type, not of a task: the entry names the task model, whose permission it took, and
+    # no object id (the admin would link it to a task of that id).
+    LogEntry.objects.create(user_id=request.user.pk, content_type=ContentType.objects.get_for_model(TimeoutTask),
+                            object_id=None, object_repr=f"biz_type {biz_type}", action_flag=CHANGE,
+                            change_message=message)
+    messages.success(request, f"{biz_type}: {message}.")
