@@ -144,7 +144,9 @@ def fail_until(context, succeeding_attempt):
 
 
 @task(takes_context=True)
-def sleep(context, seconds):
+def sleep(context, seconds, attempts=None):
+    """Sleeps on every attempt, or on the first `attempts` only; returns the attempt."""
     _record(context, seconds)
-    time.sleep(seconds)
-    return seconds
+    if attempts is None or context.attempt <= attempts:
+        time.sleep(seconds)
+    return context.attempt
