@@ -194,8 +194,8 @@ def seconds(value) -> str:
 
 # --- Per biz_type ---------------------------------------------------------------------------------
 
-BIZ_TYPES_LIMIT = 200  # distinct biz_types read from the table
-OVERDUE_LIMIT = 100_000  # overdue tasks read, all biz_types together
+BIZ_TYPES_LIMIT = 200  # biz_types read from the table
+OVERDUE_LIMIT = 10_000  # overdue tasks counted per biz_type; above it, the planner's estimate
 PER_BIZ_TYPE_LIMIT = 10_000  # rows each chart reads per biz_type
 
 
@@ -219,33 +219,39 @@ class Buckets:
         return self.unread[0] == self.unread[1]
 
 
-def biz_types_in_table(*, limit=None, using=DEFAULT_DB_ALIAS) -> list[str]:
-    """The distinct biz_types of the table's rows (any status), the first `limit` in order."""
-    limit = limit or BIZ_TYPES_LIMIT
-    rows = fetch_dicts("biz_types_in_table", {"limit": limit}, using=connections[using])
+def waiting_biz_types(*, limit=None, using=DEFAULT_DB_ALIAS) -> list[str]:
+    """The distinct biz_types of the PENDING tasks, the first `limit` in order."""
+    rows = fetch_dicts("waiting_biz_types", {"limit": limit or BIZ_TYPES_LIMIT}, using=connections[using])
     return [row["biz_type"] for row in rows]
 
 
 def stored_limits(*, limit=None, using=DEFAULT_DB_ALIAS) -> dict[str, dict]:
-    """The rows of the limits table (timeouts.limits), by biz_type: `rate_limit` and `concurrency`
-    in force, the handler's `declared_*` ones, `overridden`, `paused`."""
+    """The rows of the limits table (timeouts.isolation), by biz_type: `rate_limit` and
+    `concurrency` in force, the handler's `declared_*` ones, `overridden`, `paused`."""
     rows = fetch_dicts("stored_limits", {"limit": limit or BIZ_TYPES_LIMIT}, using=connections[using])
     return {row["biz_type"]: row for row in rows}
 
 
-def overdue_by_biz_type(now, *, limit=None, using=DEFAULT_DB_ALIAS) -> dict[str, Count]:
-    """PENDING tasks due by `now`, per biz_type: exact while there are at most `limit` of them in
-    all, else lower bounds (Count(..., exact=False))."""
+def overdue_by_biz_type(biz_types, now, *, limit=None, using=DEFAULT_DB_ALIAS) -> dict[str, Count]:
+    """PENDING tasks due by `now`, per biz_type: exact up to `limit` each, else the planner's
+    estimate (never below what was counted)."""
     limit = limit or OVERDUE_LIMIT
-    rows = fetch_dicts("overdue_by_biz_type", {"now": now, "limit": limit}, using=connections[using])
-    exact = not rows or rows[0]["read"] < limit
-    return {row["biz_type"]: Count(row["n"], exact) for row in rows}
+    found = {}
+    for biz_type in biz_types:
+        params = {"biz_type": biz_type, "now": now}
+        counted = fetch_one("count_overdue_of_biz_type", {**params, "limit": limit + 1},
+                            using=connections[using])["n"]
+        if counted <= limit:
+            found[biz_type] = Count(counted, True)
+        else:
+            found[biz_type] = Count(max(counted, estimated_rows("overdue_of_biz_type", params, using)), False)
+    return found
 
 
 def due_soon(biz_types, now, *, minutes=60, bucket_minutes=5, limit=None,
              using=DEFAULT_DB_ALIAS) -> dict[str, Buckets]:
-    """Per biz_type: its PENDING tasks whose action_time falls in each bucket of the next
-    `minutes`, from the first `limit` of its tasks in that window (one query per biz_type)."""
+    """Per biz_type: its PENDING tasks whose run_at falls in each bucket of the next `minutes`,
+    from the first `limit` of them (one query per biz_type)."""
     limit = limit or PER_BIZ_TYPE_LIMIT
     size, n = timedelta(minutes=bucket_minutes), minutes // bucket_minutes
     result = {}
@@ -256,7 +262,7 @@ def due_soon(biz_types, now, *, minutes=60, bucket_minutes=5, limit=None,
             "limit": limit}, using=connections[using])
         for row in rows:
             values[min(row["bucket"], n - 1)] += row["due"]
-        if rows and rows[0]["read"] >= limit:  # the bucket of the last row read, and those after it, are partial
+        if rows and rows[0]["read"] >= limit:  # the bucket of the last task read, and those after it, are partial
             unread = (min(int((rows[0]["last"] - now) / size), n - 1), n)
         result[biz_type] = Buckets(now, size, values, unread)
     return result

@@ -12,7 +12,9 @@ import timeouts
 from tests.factories import make_task
 from timeouts import operations, registry, stats
 from timeouts.admin import control
+from timeouts.conf import notify_params
 from timeouts.models import TimeoutTask
+from timeouts.queries import fetch_one
 
 Status = TimeoutTask.Status
 URL = "/admin/timeouts/timeouttask/businesses/"
@@ -65,46 +67,51 @@ def test_lists_handlers_durable_tasks_and_biz_types_with_tasks(viewer):
     assert set(registry.registered()) <= set(rows)
     assert "handler" in rows["test.record"].sources
     assert rows["celery:tests.page.listed"].sources == ["DurableTask"]
-    assert rows["gone.handler"].sources == ["tasks"]
+    assert rows["gone.handler"].sources == ["waiting"]
     assert list(rows) == sorted(rows)
 
 
-def test_biz_types_in_table_finds_each_once_however_many_rows():
-    for biz_type in ("b.two", "a.one", "c.three"):
+def test_waiting_biz_types_finds_each_once_however_many_tasks_wait():
+    for biz_type in ("b.two", "a.one", "c.three", "d.cancelled"):
         schedule_without_handler(biz_type, range(50), delay=600)
-    assert stats.biz_types_in_table() == ["a.one", "b.two", "c.three"]
-    assert stats.biz_types_in_table(limit=2) == ["a.one", "b.two"]
+    TimeoutTask.objects.filter(biz_type="d.cancelled").update(status=Status.CANCELLED, finished_at=now())
+    assert stats.waiting_biz_types() == ["a.one", "b.two", "c.three"]
+    assert stats.waiting_biz_types(limit=2) == ["a.one", "b.two"]
 
 
 # --- The numbers --------------------------------------------------------------------------------
 
-def test_overdue_counts_per_biz_type_exact_below_the_limit_and_lower_bounds_above():
+def test_overdue_counts_per_biz_type_exact_up_to_the_limit_then_estimated():
     for i in range(3):
         TimeoutTask.objects.schedule("test.record", i, at=now() - timedelta(minutes=1 + i))
     TimeoutTask.objects.schedule("test.fail", "1", at=now() - timedelta(seconds=5))
     TimeoutTask.objects.schedule("test.fail", "2", delay=600)  # not due
     make_task(Status.CANCELLED, biz_type="test.fail", biz_id="3", at=now() - timedelta(minutes=1))
     db_now = operations.database_now()
-    assert stats.overdue_by_biz_type(db_now) == {"test.record": stats.Count(3, True), "test.fail": stats.Count(1, True)}
-    capped = stats.overdue_by_biz_type(db_now, limit=2)
-    assert sum(count.value for count in capped.values()) == 2
-    assert not any(count.exact for count in capped.values())
+    assert stats.overdue_by_biz_type(["test.record", "test.fail", "test.slow"], db_now) == {
+        "test.record": stats.Count(3, True), "test.fail": stats.Count(1, True), "test.slow": stats.Count(0, True)}
+    capped = stats.overdue_by_biz_type(["test.record"], db_now, limit=2)["test.record"]
+    assert not capped.exact and capped.value >= 3  # never below what was counted
 
 
 def test_due_soon_counts_pending_tasks_by_bucket_and_marks_what_it_did_not_read():
+    """By run_at: a retry waiting for its next attempt counts when that falls in the hour."""
     db_now = operations.database_now()
     for minutes in (1, 2, 12, 59):
         TimeoutTask.objects.schedule("test.record", minutes, at=db_now + timedelta(minutes=minutes))
     make_task(Status.CANCELLED, biz_id="cancelled", at=db_now + timedelta(minutes=3))
+    retry = make_task(Status.RUNNING, biz_id="retry", at=db_now - timedelta(minutes=5))
+    assert fetch_one("fail_task", {"job_id": retry.job_id, "action_time": retry.action_time, "attempt": 1,
+                                   "error": "503", "backoff": 27 * 60, **notify_params()})["status"] == Status.PENDING
     TimeoutTask.objects.schedule("test.record", "later", at=db_now + timedelta(minutes=61))
     TimeoutTask.objects.schedule("test.record", "overdue", at=db_now - timedelta(minutes=1))
     found = stats.due_soon(["test.record", "test.fail"], db_now)
-    assert found["test.record"].values == [2, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1]
+    assert found["test.record"].values == [2, 0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1]
     assert found["test.record"].complete
     assert found["test.fail"].values == [0] * 12
-    capped = stats.due_soon(["test.record"], db_now, limit=3)["test.record"]  # read up to the cancelled one
-    assert capped.values == [2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
-    assert capped.unread == (0, 12) and not capped.complete
+    capped = stats.due_soon(["test.record"], db_now, limit=3)["test.record"]  # read up to the 12th minute
+    assert capped.values == [2, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    assert capped.unread == (2, 12) and not capped.complete
 
 
 def test_recent_lateness_of_started_and_still_waiting_first_attempts():

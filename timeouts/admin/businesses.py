@@ -42,7 +42,7 @@ class Row:
 
     @property
     def overdue_shown(self):
-        return _at_least(self.overdue.value, self.overdue.exact)
+        return str(self.overdue)  # "1,234", or "~1,234" estimated
 
     @property
     def due_total(self):
@@ -71,23 +71,20 @@ def _at_least(n, exact):
 
 
 def rows(using="default"):
-    """(database now, overdue counts exact?, [Row]) for every known biz_type."""
+    """(database now, [Row]) for every known biz_type, in order."""
     now = operations.database_now(using)
-    in_table = stats.biz_types_in_table(using=using)
-    overdue = stats.overdue_by_biz_type(now, using=using)
     stored = stats.stored_limits(using=using) if control.AVAILABLE else {}
     sources = {}
     for source, names in (("handler", registry.registered()), ("DurableTask", registry.registered_celery_calls()),
-                          ("tasks", in_table), ("overdue", overdue), ("limits", stored)):
+                          ("waiting", stats.waiting_biz_types(using=using)), ("limits", stored)):
         for name in names:
             sources.setdefault(name, []).append(source)
     names = sorted(sources)
+    overdue = stats.overdue_by_biz_type(names, now, using=using)
     due = stats.due_soon(names, now, using=using)
     late = stats.recent_lateness(names, now, using=using)
     limits = control.all_limits(names, stored)
-    exact = all(count.exact for count in overdue.values())
-    return now, exact, [Row(name, sources[name], overdue.get(name, stats.Count(0, exact)), due[name], late[name],
-                            limits[name]) for name in names]
+    return now, [Row(name, sources[name], overdue[name], due[name], late[name], limits[name]) for name in names]
 
 
 def businesses_view(model_admin, request):
@@ -101,16 +98,15 @@ def businesses_view(model_admin, request):
         return HttpResponseRedirect(request.get_full_path())
     if request.method not in ("GET", "HEAD"):
         return HttpResponseNotAllowed(["GET", "HEAD", "POST"])
-    now, exact, found = rows(using=model_admin.model.objects.db)
+    now, found = rows(using=model_admin.model.objects.db)
     context = {
         **model_admin.admin_site.each_context(request),
         "opts": model_admin.opts,
         "title": "Businesses",
         "subtitle": None,
         "now": now,
-        "overdue_exact": exact,
-        "overdue_limit": stats.OVERDUE_LIMIT,
         "rows": found,
+        "overdue_limit": f"{stats.OVERDUE_LIMIT:,}",
         "legend": charts.legend(),
         "can_change": can_change,
     }

@@ -90,14 +90,14 @@ WHERE i.inhparent = 'timeouts_task'::regclass;
 -- with each other and PostgreSQL prunes partitions when it plans them.
 
 
--- name: biz_types_in_table
--- The distinct biz_types of the table, in order, by a loose index scan of timeouts_task_biz_type:
--- each step is one probe per partition for the next biz_type after the last one found, however
--- many rows each biz_type has.
+-- name: waiting_biz_types
+-- The distinct biz_types of the PENDING tasks, in order, by a loose index scan of
+-- timeouts_task_due_by_type (biz_type, run_at) WHERE PENDING: each step is one probe per partition
+-- for the next biz_type after the last one found, however many tasks each biz_type has.
 WITH RECURSIVE found(biz_type) AS (
-    (SELECT biz_type FROM timeouts_task ORDER BY biz_type LIMIT 1)
+    (SELECT biz_type FROM timeouts_task WHERE status = :PENDING ORDER BY biz_type LIMIT 1)
     UNION ALL
-    SELECT (SELECT t.biz_type FROM timeouts_task AS t WHERE t.biz_type > found.biz_type
+    SELECT (SELECT t.biz_type FROM timeouts_task AS t WHERE t.status = :PENDING AND t.biz_type > found.biz_type
             ORDER BY t.biz_type LIMIT 1)
     FROM found
     WHERE found.biz_type IS NOT NULL
@@ -105,42 +105,48 @@ WITH RECURSIVE found(biz_type) AS (
 SELECT biz_type FROM found WHERE biz_type IS NOT NULL LIMIT %(limit)s;
 
 
--- name: overdue_by_biz_type
--- PENDING tasks already due, by biz_type, from at most `limit` rows of timeouts_task_due (past
--- partitions only). `read` says how many rows that was: when it reaches the limit, every count is
--- a lower bound.
-SELECT biz_type, count(*) AS n, sum(count(*)) OVER ()::bigint AS read
-FROM (SELECT biz_type FROM timeouts_task
-      WHERE status = :PENDING AND run_at <= %(now)s AND action_time <= %(now)s
-      LIMIT %(limit)s) AS overdue
-GROUP BY biz_type;
+-- name: count_overdue_of_biz_type
+-- The PENDING tasks of one biz_type due by `now`, up to `limit`: one range of
+-- timeouts_task_due_by_type per past partition. The biz_type is a constant (one statement per
+-- biz_type), so PostgreSQL plans with that biz_type's own frequency.
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM timeouts_task
+    WHERE biz_type = %(biz_type)s AND status = :PENDING AND run_at <= %(now)s AND action_time <= %(now)s
+    LIMIT %(limit)s
+) AS bounded;
+
+
+-- name: overdue_of_biz_type
+-- Never run: EXPLAINed for the planner's estimate when there are more than count_overdue_of_biz_type counts.
+SELECT 1 FROM timeouts_task
+WHERE biz_type = %(biz_type)s AND status = :PENDING AND run_at <= %(now)s AND action_time <= %(now)s;
 
 
 -- name: due_soon_of_biz_type
--- The tasks of one biz_type whose action_time falls in (now, now + window], the first `limit` of
--- them in time order, counted by bucket of `bucket` seconds; `read` and `last` say how far the
--- scan went. Only PENDING ones count (cancelled ones are read, within the limit, and left out).
--- One statement per biz_type, with the biz_type a constant, so PostgreSQL plans with that
--- biz_type's own frequency: timeouts_task_biz_type for all but the most frequent ones (a
--- parameter from a join would be planned with an average frequency, and the window read in full
--- through timeouts_task_action_time). Either index yields the rows in time order, so the LIMIT
--- stops the scan; one or two partitions.
-SELECT s.bucket, count(*) FILTER (WHERE s.status = :PENDING) AS due,
-       sum(count(*)) OVER ()::bigint AS read, max(max(s.action_time)) OVER () AS last
-FROM (SELECT status, action_time, floor(extract(epoch FROM action_time - %(now)s) / %(bucket)s)::int AS bucket
+-- The PENDING tasks of one biz_type whose run_at falls in (now, now + window] (first attempts and
+-- retries), the first `limit` of them in run_at order, counted by bucket of `bucket` seconds;
+-- `read` and `last` say how far the scan went. timeouts_task_due_by_type yields them in run_at
+-- order in each partition (a merge of one range per partition that may hold them: the past ones,
+-- for retries, and those up to now + window), so the LIMIT stops the scan.
+SELECT s.bucket, count(*) AS due, sum(count(*)) OVER ()::bigint AS read, max(max(s.run_at)) OVER () AS last
+FROM (SELECT run_at, floor(extract(epoch FROM run_at - %(now)s) / %(bucket)s)::int AS bucket
       FROM timeouts_task
-      WHERE biz_type = %(biz_type)s AND action_time > %(now)s AND action_time <= %(now)s + %(window)s
-      ORDER BY action_time
+      WHERE biz_type = %(biz_type)s AND status = :PENDING AND run_at > %(now)s AND run_at <= %(now)s + %(window)s
+        AND action_time <= %(now)s + %(window)s
+      ORDER BY run_at
       LIMIT %(limit)s) AS s
 GROUP BY s.bucket;
 
 
 -- name: recent_lateness_of_biz_type
--- The tasks of one biz_type due in (now - window, now], the latest `limit` of them (planned as
--- due_soon_of_biz_type), by bucket of `bucket` seconds counted back from now: p50 and p99 of the
+-- The tasks of one biz_type due in (now - window, now], the latest `limit` of them, by bucket of `bucket` seconds counted back from now: p50 and p99 of the
 -- lateness of first attempts, started_at - action_time, or now - action_time for one still
 -- waiting to start (late so far: a paused or limited biz_type shows here before its tasks
--- start). Cancelled tasks and retries are read and left out.
+-- start). Cancelled tasks and retries are read and left out. The biz_type is a constant (one
+-- statement per biz_type), so PostgreSQL plans with that biz_type's own frequency: a rare one's
+-- rows off timeouts_task_biz_type, a frequent one's off timeouts_task_action_time (a parameter from
+-- a join would be planned with an average frequency, and the whole window read for a rare one).
+-- Either index yields the rows in time order, so the LIMIT stops the scan; one or two partitions.
 SELECT s.bucket, count(*) FILTER (WHERE s.first_attempt) AS tasks,
        percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY s.late) FILTER (WHERE s.first_attempt)
            AS percentiles,
