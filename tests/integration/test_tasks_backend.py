@@ -181,6 +181,19 @@ def test_run_after_is_the_due_time():
     assert tasks.add.get_result(result.id).task.run_after == later
 
 
+def test_a_task_the_worker_cannot_load_fails_with_the_reason():
+    result = tasks.add.enqueue(1, 2)
+    with connection.cursor() as cursor:  # as if the function had been removed since
+        cursor.execute("UPDATE timeouts_task SET attribute = jsonb_set(attribute, '{task}', '\"tests.gone\"')")
+    assert run_due() == ["dead"]
+    [row] = rows()
+    assert row.status == Status.DEAD and "ImportError" in row.last_error
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT errors->0->>'exception_class_path' FROM timeouts_task WHERE job_id = %s",
+                       [int(result.id.split("-")[0])])
+        assert cursor.fetchone()[0] == "builtins.ImportError"
+
+
 # --- Retries ---------------------------------------------------------------------------------------
 
 def test_max_attempts_retries_with_backoff_then_succeeds():

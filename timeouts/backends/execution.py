@@ -18,8 +18,7 @@ import traceback
 
 from celery import current_task
 
-from ..queries import fetch_one
-from ..running import MAX_ERROR_LENGTH
+from ..running import MAX_ERROR_LENGTH, record_outcome
 from ..states import Status
 from . import results
 from .compat import TaskContext, TaskError, TaskResultStatus, normalize_json, task_backends, task_finished, task_started
@@ -29,14 +28,17 @@ logger = logging.getLogger(__name__)
 
 def run(alias, task):
     """Run the attempt `task.attempts` of `task` (a TimeoutTask, RUNNING) on backend `alias`."""
-    backend = task_backends[alias]
     key = {"job_id": task.job_id, "action_time": task.action_time, "attempt": task.attempts}
-    started = fetch_one("tasks_backend_started", {**key, "worker_id": worker_id()})
+    started = record_outcome("tasks_backend_started", {**key, "worker_id": worker_id()})
     if started is None:  # the lease ran out already: another attempt owns the row
         logger.warning("timeouts: %s lost its lease before it started", task)
         return
-    row = _row(task, Status.RUNNING)
-    result = results.from_row(backend, row, errors=started["errors"], worker_ids=started["worker_ids"])
+    try:  # a task whose module or backend this worker cannot load fails as if it had raised
+        backend = task_backends[alias]
+        result = results.from_row(backend, _row(task), errors=started["errors"], worker_ids=started["worker_ids"])
+    except Exception as exc:
+        _record_error(key, exc)
+        raise
     task_started.send(type(backend), task_result=result)
     try:
         func_args = [TaskContext(task_result=result), *result.args] if result.task.takes_context else result.args
@@ -44,18 +46,28 @@ def run(alias, task):
         if "\\u0000" in return_value:
             raise ValueError("the return value holds NUL (\\u0000), which PostgreSQL cannot store")
     except Exception as exc:
-        error = TaskError(exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
-                          traceback="".join(traceback.format_exception(exc))[-MAX_ERROR_LENGTH:])
-        fetch_one("tasks_backend_failed", {**key, "exception_class_path": error.exception_class_path,
-                                           "traceback": error.traceback})
+        error = _record_error(key, exc)
         if task.attempts >= task.max_attempts:  # fail_task makes it DEAD: the result is final
             _set(result, status=TaskResultStatus.FAILED, errors=[*result.errors, error])
             task_finished.send(type(backend), task_result=result)  # inside except: exc_info for its log
         raise
-    fetch_one("tasks_backend_returned", {**key, "return_value": return_value})
+    # Like running.py's outcome, again on a new connection if this one broke: the task has run.
+    record_outcome("tasks_backend_returned", {**key, "return_value": return_value})
     _set(result, status=TaskResultStatus.SUCCESSFUL, _return_value=json.loads(return_value))
     task_finished.send(type(backend), task_result=result)
-    return None
+
+
+def _record_error(key, exc) -> TaskError:
+    """Append the attempt's error to the row. A failure to do so is logged: the task's own
+    exception goes on to running.py, which records the retry or DEAD (and the error as last_error)."""
+    error = TaskError(exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
+                      traceback="".join(traceback.format_exception(exc))[-MAX_ERROR_LENGTH:])
+    try:
+        record_outcome("tasks_backend_failed", {**key, "exception_class_path": error.exception_class_path,
+                                                "traceback": error.traceback})
+    except Exception:
+        logger.exception("timeouts: could not record the error of job %s attempt %s", key["job_id"], key["attempt"])
+    return error
 
 
 def worker_id() -> str:
@@ -65,10 +77,10 @@ def worker_id() -> str:
     return f"{node}:{os.getpid()}"
 
 
-def _row(task, status) -> dict:
-    return {"job_id": task.job_id, "action_time": task.action_time, "status": status, "attribute": task.attribute,
-            "attempts": task.attempts, "last_error": task.last_error, "created_at": task.created_at,
-            "started_at": task.started_at, "finished_at": None}
+def _row(task) -> dict:
+    return {"job_id": task.job_id, "action_time": task.action_time, "status": Status.RUNNING,
+            "attribute": task.attribute, "attempts": task.attempts, "last_error": task.last_error,
+            "created_at": task.created_at, "started_at": task.started_at, "finished_at": None}
 
 
 def _set(result, **fields):
