@@ -2,8 +2,12 @@
 -- (timeouts/tasks_queues.py), whose attribute is the call (the task's path, its arguments, the
 -- backend's alias) and whose result lives in the columns of migration 0004 (return_value, errors,
 -- worker_ids). A result id names the row's key, so every statement here finds its row by primary
--- key in one partition. jsonb comes back as text, which the backend parses: a returned string and a
--- returned JSON document then cannot be confused, whichever loader the connection has.
+-- key in one partition. The worker's statements commit without waiting for the WAL flush, as
+-- finish_task does: each is followed by running.py's outcome (finish_task, fail_task), which comes
+-- later in the WAL, so a crash that loses one of them loses that outcome too, and the task runs
+-- again (at least once); the worker saves a disk flush per statement. jsonb comes back as text,
+-- which the backend parses: a returned string and a returned JSON document then cannot be
+-- confused, whichever loader the connection has.
 
 
 -- name: tasks_backend_result
@@ -29,6 +33,7 @@ WHERE job_id = %(job_id)s AND biz_type LIKE 'tasks:%%';
 -- task's context and Django's signals carry. Fenced as finish_task: only this attempt's RUNNING row.
 UPDATE timeouts_task
 SET worker_ids = coalesce(worker_ids, '{}') || %(worker_id)s::text
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS c
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s
   AND (status, attempts) IS NOT DISTINCT FROM (:RUNNING, %(attempt)s)
 RETURNING errors::text AS errors, worker_ids;
@@ -39,6 +44,7 @@ RETURNING errors::text AS errors, worker_ids;
 -- worker dies between the two, the lease runs out and the task runs again, which writes it anew.
 UPDATE timeouts_task
 SET return_value = %(return_value)s::jsonb
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS c
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s
   AND (status, attempts) IS NOT DISTINCT FROM (:RUNNING, %(attempt)s)
 RETURNING job_id;
@@ -50,6 +56,7 @@ RETURNING job_id;
 UPDATE timeouts_task
 SET errors = coalesce(errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
         'exception_class_path', %(exception_class_path)s::text, 'traceback', %(traceback)s::text))
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS c
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s
   AND (status, attempts) IS NOT DISTINCT FROM (:RUNNING, %(attempt)s)
 RETURNING job_id;
