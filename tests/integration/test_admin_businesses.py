@@ -197,7 +197,7 @@ def test_pause_and_resume_from_the_page_are_logged(changer):
     response = changer.post(URL, {"action": "pause", "biz_type": "test.record"}, follow=True)
     assert timeouts.limits("test.record").paused
     assert rows_by_biz_type(response)["test.record"].limits.paused
-    assert "test.record: paused." in [str(m) for m in response.context["messages"]]
+    assert "Biz type test.record: paused." in [str(m) for m in response.context["messages"]]
     changer.post(URL, {"action": "pause", "biz_type": "test.record"})  # already paused: nothing to log
     changer.post(URL, {"action": "resume", "biz_type": "test.record"})
     assert not timeouts.limits("test.record").paused

@@ -134,11 +134,11 @@ def _change(request):
         messages.error(request, f"Nothing was changed: {error}")
         return
     if message is None:
-        messages.info(request, f"{biz_type}: nothing to change.")
+        messages.info(request, f"Biz type {biz_type}: nothing to change.")
         return
     # Of a biz_type, not of a task: the entry names the task model, whose permission it took, and
     # no object id (the admin would link it to a task of that id).
     LogEntry.objects.create(user_id=request.user.pk, content_type=ContentType.objects.get_for_model(TimeoutTask),
                             object_id=None, object_repr=f"biz_type {biz_type}", action_flag=CHANGE,
                             change_message=message)
-    messages.success(request, f"{biz_type}: {message}.")
+    messages.success(request, f"Biz type {biz_type}: {message}.")
