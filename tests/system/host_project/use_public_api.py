@@ -51,9 +51,25 @@ assert TimeoutTask.objects.cancel("order.close", 1) == 1
 assert set(TimeoutTask.objects.due()) == {task, later}
 assert TimeoutTask.objects.pending().count() == 5 and not TimeoutTask.objects.dead().exists()
 
+from shop.jobs import order_total  # noqa: E402
+
+import timeouts.backends  # noqa: E402
+
+job = order_total.enqueue(42, [1, 2])
+kept_back = order_total.using(run_after=now + timedelta(hours=1)).enqueue(43, [])
+assert timeouts.backends.cancel(kept_back.id) is True
+try:
+    order_total.enqueue(44, [object()])
+    raise AssertionError("arguments JSON cannot carry must be rejected")
+except timeouts.TimeoutsError:
+    pass
+
 from timeouts.tasks import maintain, scan  # noqa: E402
 
 scan.apply()  # the safety scan; with an eager Celery app the handlers run inline
+job.refresh()
+assert job.return_value == {"order": 42, "total": 3} and order_total.get_result(job.id).attempts == 1
+assert order_total.get_result(kept_back.id).status == "FAILED"
 assert sorted(CLOSED) == [("42", {"reason": "unpaid"}), (str(later.biz_id), {})], CLOSED
 task.refresh_from_db()
 assert task.status == Status.DONE and task.lateness >= timedelta(0)

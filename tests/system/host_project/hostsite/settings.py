@@ -16,5 +16,7 @@ DATABASES = {
     }
 }
 TIMEOUTS = {"PARTITION_INTERVAL": "hour", "PARTITIONS_AHEAD": 3, "RETENTION": timedelta(days=1)}
+TASKS = {"default": {"BACKEND": "timeouts.backends.TimeoutsBackend", "QUEUES": ["default"],
+                     "OPTIONS": {"MAX_ATTEMPTS": 1}}}
 CELERY_BROKER_URL = "memory://"
 CELERY_TASK_ALWAYS_EAGER = True  # handlers run inline: this host only checks the API surface
