@@ -34,7 +34,7 @@ def result_id(job_id: int, action_time: datetime) -> str:
 def parse_result_id(value) -> dict:
     """The row's key, {"job_id", "action_time"}; TaskResultDoesNotExist for what is no id of ours."""
     try:
-        job_id, micros = (int(part) for part in str(value).split("-"))
+        job_id, micros = (int(part) for part in str(value).split("-", 1))  # a time before 1970 is negative
         return {"job_id": job_id, "action_time": EPOCH + timedelta(microseconds=micros)}
     except (ValueError, OverflowError):
         raise TaskResultDoesNotExist(
