@@ -13,6 +13,11 @@ counts are the planner's estimates):
     timeouts_pending_tasks, timeouts_overdue_tasks, timeouts_oldest_overdue_age_seconds,
     timeouts_default_partition_rows
 
+and per biz_type (every one the deployment knows: its handlers, the biz_types with tasks waiting
+or with limits stored): timeouts_biz_type_overdue_tasks (exact up to 10,000, then estimated),
+timeouts_paused (1 while paused), timeouts_rate_limit (handler starts per second) and
+timeouts_concurrency_limit (tasks running at once), the last two only where a limit is in force.
+
 Events happen in many processes: web processes schedule and cancel, Celery worker processes (the
 prefork pool's children) claim, run and finish, dispatchers claim. Counting in each process's
 memory would leave the scraped process with only its own share, and a prefork child's counts die
@@ -32,7 +37,7 @@ import os
 
 from django.http import HttpResponse
 
-from . import stats
+from . import operations, stats
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +104,29 @@ class DatabaseCollector:
         )
         for name, help_text, value in values:
             yield GaugeMetricFamily(f"{PREFIX}{name}", help_text, value=value)
+        yield from self.per_biz_type()
+
+    def per_biz_type(self):
+        now = operations.database_now(self.using)
+        found = stats.biz_types(now, using=self.using)
+        families = {
+            "biz_type_overdue_tasks": (
+                "PENDING tasks of the biz_type already due (exact up to 10,000, then estimated).",
+                lambda b: b.overdue.value),
+            "paused": ("1 while the biz_type is paused (timeouts.pause()): none of its tasks is claimed.",
+                       lambda b: float(b.limits.paused)),
+            "rate_limit": ("Handler starts per second allowed for the biz_type, in force (absent: no limit).",
+                           lambda b: b.limits.rate_limit),
+            "concurrency_limit": ("Tasks of the biz_type allowed to run at once, in force (absent: no limit).",
+                                  lambda b: b.limits.concurrency),
+        }
+        for name, (help_text, value_of) in families.items():
+            family = GaugeMetricFamily(f"{PREFIX}{name}", help_text, labels=["biz_type"])
+            for biz_type in found:
+                value = value_of(biz_type)
+                if value is not None:
+                    family.add_metric([biz_type.name], float(value))
+            yield family
 
 
 class _OurMultiProcessCollector:

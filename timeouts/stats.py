@@ -23,7 +23,7 @@ from django.core.exceptions import EmptyResultSet
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
 
-from . import partitions
+from . import partitions, registry
 from .queries import QUERIES, fetch_dicts, fetch_one
 from .states import Status
 
@@ -232,6 +232,52 @@ def stored_limits(*, limit=None, using=DEFAULT_DB_ALIAS) -> dict[str, dict]:
     return {row["biz_type"]: row for row in rows}
 
 
+@dataclass(frozen=True)
+class BizTypeLimits:
+    """What is in force for a biz_type (as timeouts.limits() says), and the handler's own values."""
+
+    rate_limit: float | None  # starts per second; None: no limit
+    concurrency: int | None
+    paused: bool
+    handler_rate_limit: float | None  # what the handler declares (@timeouts.handler)
+    handler_concurrency: int | None
+    overridden: bool  # set_limits() replaced the handler's values
+
+
+@dataclass(frozen=True)
+class BizType:
+    name: str
+    sources: tuple[str, ...]  # why it is listed: "handler", "DurableTask", "waiting", "limits"
+    limits: BizTypeLimits
+    overdue: Count
+
+
+def biz_types(now, *, using=DEFAULT_DB_ALIAS) -> list[BizType]:
+    """Every biz_type the deployment knows, in order: the handlers and DurableTask tasks of this
+    process, the biz_types with PENDING tasks and those with limits stored; each with its limits and
+    pause (from one read of the limits table) and its overdue count at `now`."""
+    stored = stored_limits(using=using)
+    sources = {}
+    for source, names in (("handler", registry.registered()), ("DurableTask", registry.registered_celery_calls()),
+                          ("waiting", waiting_biz_types(using=using)), ("limits", stored)):
+        for name in names:
+            sources.setdefault(name, []).append(source)
+    names = sorted(sources)
+    overdue = overdue_by_biz_type(names, now, using=using)
+    return [BizType(name, tuple(sources[name]), _limits(name, stored.get(name)), overdue[name]) for name in names]
+
+
+def _limits(biz_type, row) -> BizTypeLimits:
+    """From the limits table's row; without one, the handler's own values, unpaused (what
+    timeouts.limits() answers, and what the claim applies)."""
+    if row is None:
+        handler = registry.find_handler(biz_type)
+        own = (None, None) if handler is None else (handler.rate_limit, handler.concurrency)
+        return BizTypeLimits(*own, False, *own, False)
+    return BizTypeLimits(row["rate_limit"], row["concurrency"], row["paused"], row["declared_rate_limit"],
+                         row["declared_concurrency"], row["overridden"])
+
+
 def overdue_by_biz_type(biz_types, now, *, limit=None, using=DEFAULT_DB_ALIAS) -> dict[str, Count]:
     """PENDING tasks due by `now`, per biz_type: exact up to `limit` each, else the planner's
     estimate (never below what was counted)."""
@@ -295,6 +341,7 @@ def recent_lateness(biz_types, now, *, minutes=15, bucket_minutes=1, limit=None,
 # --- The report of manage.py timeouts_stats ------------------------------------------------------
 
 def report(*, exact=False, minutes=15, using=DEFAULT_DB_ALIAS) -> dict:
+    now = fetch_one("database_now", using=connections[using])["now"]
     counts, how = status_counts(exact=exact, using=using)
     oldest = oldest_overdue(using)
     limit = None if exact else 100_000
@@ -308,6 +355,9 @@ def report(*, exact=False, minutes=15, using=DEFAULT_DB_ALIAS) -> dict:
                                       "age": str(oldest["age"])},
         "default_partition": {"rows": default.value, "exact": default.exact},
         "lateness": lateness(minutes, using),
+        "biz_types": [{"biz_type": b.name, "sources": list(b.sources), **vars(b.limits),
+                       "overdue": b.overdue.value, "overdue_exact": b.overdue.exact}
+                      for b in biz_types(now, using=using)],
         "partitions": partition_sizes(using),
     }
 
@@ -343,12 +393,33 @@ def format_report(data) -> str:
     lines.append(f"  p50 {seconds(late['p50'])}   p90 {seconds(late['p90'])}   p99 {seconds(late['p99'])}   "
                  f"max {seconds(late['max'])}")
     lines.append("")
+    lines.extend(_biz_type_lines(data["biz_types"]))
+    lines.append("")
     lines.append("Partitions (estimated rows from the statistics; size with indexes):")
     for p in data["partitions"]:
         span = "DEFAULT" if p["default"] else f"{_short(p['lower'], 'MINVALUE')} .. {_short(p['upper'], 'MAXVALUE')}"
         rows_text = "?" if p["estimated_rows"] is None else f"~{p['estimated_rows']:,}"
         lines.append(f"  {p['name']:<26} {span:<45} {rows_text:>12} {human_bytes(p['bytes']):>10}")
     return "\n".join(lines) + "\n"
+
+
+def _biz_type_lines(rows):
+    lines = [f"Biz types: limits in force, pause, overdue tasks (exact up to {OVERDUE_LIMIT:,}, then estimated):"]
+    width = max([len(r["biz_type"]) for r in rows] + [8])
+    for r in rows:
+        rate = "none" if r["rate_limit"] is None else f"{r['rate_limit']:g}/s"
+        concurrency = "none" if r["concurrency"] is None else f"{r['concurrency']:g}"
+        overdue = str(Count(r["overdue"], r["overdue_exact"]))
+        line = (f"  {r['biz_type']:<{width}} {'paused' if r['paused'] else 'running':<7}  rate_limit {rate:<9} "
+                f"concurrency {concurrency:<6} overdue {overdue:>9}")
+        if r["overridden"]:
+            own = ("none" if r["handler_rate_limit"] is None else f"{r['handler_rate_limit']:g}/s",
+                   "none" if r["handler_concurrency"] is None else f"{r['handler_concurrency']:g}")
+            line += f"  (set_limits(); the handler's: rate_limit {own[0]}, concurrency {own[1]})"
+        lines.append(line)
+    if not rows:
+        lines.append("  (none: no handler, no task waiting, no limits stored)")
+    return lines
 
 
 def _short(iso, missing):

@@ -29,11 +29,16 @@ PERMISSION = "timeouts.change_limits"
 @dataclass
 class Row:
     biz_type: str
-    sources: list[str]
+    sources: tuple[str, ...]
     overdue: stats.Count
     due_soon: stats.Buckets
     lateness: stats.Buckets
-    limits: control.BizTypeLimits
+    limits: stats.BizTypeLimits
+    changeable: bool
+
+    @property
+    def shown(self):
+        return control.shown(self.limits)
 
     @property
     def due_chart(self):
@@ -73,24 +78,18 @@ def _at_least(n, exact):
 def rows(using="default"):
     """(database now, [Row]) for every known biz_type, in order."""
     now = operations.database_now(using)
-    stored = stats.stored_limits(using=using) if control.AVAILABLE else {}
-    sources = {}
-    for source, names in (("handler", registry.registered()), ("DurableTask", registry.registered_celery_calls()),
-                          ("waiting", stats.waiting_biz_types(using=using)), ("limits", stored)):
-        for name in names:
-            sources.setdefault(name, []).append(source)
-    names = sorted(sources)
-    overdue = stats.overdue_by_biz_type(names, now, using=using)
+    found = stats.biz_types(now, using=using)
+    names = [biz_type.name for biz_type in found]
     due = stats.due_soon(names, now, using=using)
     late = stats.recent_lateness(names, now, using=using)
-    limits = control.all_limits(names, stored)
-    return now, [Row(name, sources[name], overdue[name], due[name], late[name], limits[name]) for name in names]
+    return now, [Row(b.name, b.sources, b.overdue, due[b.name], late[b.name], b.limits, control.changeable(b.name))
+                 for b in found]
 
 
 def businesses_view(model_admin, request):
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
-    can_change = control.AVAILABLE and request.user.has_perm(PERMISSION)
+    can_change = request.user.has_perm(PERMISSION)
     if request.method == "POST":
         if not can_change:
             raise PermissionDenied

@@ -1,61 +1,24 @@
-"""The limits and pause of each biz_type, as the businesses page shows and changes them: what is in
-force, the handler's own values beside an override, and each change through the public API
-(timeouts.pause(), resume(), set_limits(), reset_limits()), described for the admin log."""
-
-from dataclasses import dataclass
+"""Changes to a biz_type's limits and pause from the businesses page, through the public API
+(timeouts.pause(), resume(), set_limits(), reset_limits()), each described for the admin log; and
+how the page shows the values."""
 
 import timeouts as api
 
 from .. import registry
 from ..errors import InvalidOption
 
-# A version without limits and pauses: the page shows none.
-AVAILABLE = all(hasattr(api, name) for name in ("limits", "pause", "resume", "set_limits", "reset_limits"))
 
-
-@dataclass(frozen=True)
-class BizTypeLimits:
-    rate_limit: float | None  # in force; None: no limit
-    concurrency: int | None
-    paused: bool
-    handler_rate_limit: float | None  # what the handler declares (@timeouts.handler)
-    handler_concurrency: int | None
-    overridden: bool  # set_limits() replaced the handler's values
-    changeable: bool  # the API takes this biz_type: a handler's, or a DurableTask's
-
-    @property
-    def shown(self):
-        """The values as the page shows them: "100/s", "20", "none"."""
-        return {"rate_limit": _per_second(self.rate_limit), "concurrency": _show(self.concurrency),
-                "handler_rate_limit": _per_second(self.handler_rate_limit),
-                "handler_concurrency": _show(self.handler_concurrency),
-                "rate_limit_input": _show(self.rate_limit, ""), "concurrency_input": _show(self.concurrency, "")}
-
-
-def all_limits(biz_types, stored) -> dict[str, BizTypeLimits]:
-    """The limits of each biz_type (None for every one in a version without limits), from the
-    stored ones (stats.stored_limits()); a biz_type without a row has its handler's own values,
-    unpaused."""
-    if not AVAILABLE:
-        return {biz_type: None for biz_type in biz_types}
-    found = {}
-    for biz_type in biz_types:
-        handler = registry.find_handler(biz_type)
-        own = (getattr(handler, "rate_limit", None), getattr(handler, "concurrency", None))
-        row = stored.get(biz_type)
-        changeable = _changeable(biz_type)
-        if row is None:
-            found[biz_type] = BizTypeLimits(*own, False, *own, False, changeable)
-        else:
-            found[biz_type] = BizTypeLimits(row["rate_limit"], row["concurrency"], row["paused"],
-                                            row["declared_rate_limit"], row["declared_concurrency"],
-                                            row["overridden"], changeable)
-    return found
-
-
-def _changeable(biz_type):
-    """What timeouts.limits accepts: a handler's biz_type, or any Celery call's."""
+def changeable(biz_type):
+    """What timeouts.limits() and the others take: a handler's biz_type, or any Celery call's."""
     return registry.find_handler(biz_type) is not None or biz_type.startswith(registry.CELERY_CALLS)
+
+
+def shown(limits):
+    """A stats.BizTypeLimits as the page shows it: "100/s", "20", "none"."""
+    return {"rate_limit": per_second(limits.rate_limit), "concurrency": show(limits.concurrency),
+            "handler_rate_limit": per_second(limits.handler_rate_limit),
+            "handler_concurrency": show(limits.handler_concurrency),
+            "rate_limit_input": show(limits.rate_limit, ""), "concurrency_input": show(limits.concurrency, "")}
 
 
 def pause(biz_type) -> str | None:
@@ -88,8 +51,8 @@ def reset_limits(biz_type) -> str:
 
 
 def _changes(before, after):
-    return (f"rate_limit {_per_second(before.rate_limit)} -> {_per_second(after.rate_limit)}, "
-            f"concurrency {_show(before.concurrency)} -> {_show(after.concurrency)}")
+    return (f"rate_limit {per_second(before.rate_limit)} -> {per_second(after.rate_limit)}, "
+            f"concurrency {show(before.concurrency)} -> {show(after.concurrency)}")
 
 
 def _number(text, kind, name):
@@ -103,9 +66,9 @@ def _number(text, kind, name):
                             f"or blank (no limit), got {text!r}") from None
 
 
-def _show(value, none="none"):
+def show(value, none="none"):
     return none if value is None else f"{value:g}"
 
 
-def _per_second(value):
+def per_second(value):
     return "none" if value is None else f"{value:g}/s"

@@ -9,7 +9,8 @@ from timeouts import stats
 
 class Command(BaseCommand):
     help = ("Counts by status and biz_type (estimated on large tables unless --exact), the oldest overdue task, "
-            "rows in the DEFAULT partition, recent lateness percentiles, and the partitions with their sizes.")
+            "rows in the DEFAULT partition, recent lateness percentiles, each biz_type's limits, pause and overdue "
+            "tasks, and the partitions with their sizes.")
 
     def add_arguments(self, parser):
         parser.add_argument("--exact", action="store_true", help="count every row (slow on large tables)")
