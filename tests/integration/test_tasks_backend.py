@@ -194,6 +194,16 @@ def test_a_task_the_worker_cannot_load_fails_with_the_reason():
         assert cursor.fetchone()[0] == "builtins.ImportError"
 
 
+def test_a_task_in_the_default_partition_runs_and_reports_back():
+    result = tasks.record.using(run_after=datetime.now(UTC) - timedelta(days=60)).enqueue("old")  # no partition
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT tableoid::regclass::text FROM timeouts_task")
+        assert cursor.fetchone()[0] == "timeouts_task_default"
+    assert run_due() == ["done"]
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL and len(result.worker_ids) == 1
+
+
 # --- Retries ---------------------------------------------------------------------------------------
 
 def test_max_attempts_retries_with_backoff_then_succeeds():

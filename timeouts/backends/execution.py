@@ -18,6 +18,8 @@ import traceback
 
 from celery import current_task
 
+from ..conf import get_settings
+from ..partitions import bucket_start, partition_name
 from ..running import MAX_ERROR_LENGTH, record_outcome
 from ..states import Status
 from . import results
@@ -29,7 +31,8 @@ logger = logging.getLogger(__name__)
 def run(alias, task):
     """Run the attempt `task.attempts` of `task` (a TimeoutTask, RUNNING) on backend `alias`."""
     key = {"job_id": task.job_id, "action_time": task.action_time, "attempt": task.attempts}
-    started = record_outcome("tasks_backend_started", {**key, "worker_id": worker_id()})
+    partition = partition_of(task.action_time)
+    started = record_outcome("tasks_backend_started", {**key, "worker_id": worker_id()}, partition)
     if started is None:  # the lease ran out already: another attempt owns the row
         logger.warning("timeouts: %s lost its lease before it started", task)
         return
@@ -37,7 +40,7 @@ def run(alias, task):
         backend = task_backends[alias]
         result = results.from_row(backend, _row(task), errors=started["errors"], worker_ids=started["worker_ids"])
     except Exception as exc:
-        _record_error(key, exc)
+        _record_error(key, exc, partition)
         raise
     task_started.send(type(backend), task_result=result)
     try:
@@ -46,28 +49,37 @@ def run(alias, task):
         if "\\u0000" in return_value:
             raise ValueError("the return value holds NUL (\\u0000), which PostgreSQL cannot store")
     except Exception as exc:
-        error = _record_error(key, exc)
+        error = _record_error(key, exc, partition)
         if task.attempts >= task.max_attempts:  # fail_task makes it DEAD: the result is final
             _set(result, status=TaskResultStatus.FAILED, errors=[*result.errors, error])
             task_finished.send(type(backend), task_result=result)  # inside except: exc_info for its log
         raise
     # Like running.py's outcome, again on a new connection if this one broke: the task has run.
-    record_outcome("tasks_backend_returned", {**key, "return_value": return_value})
+    record_outcome("tasks_backend_returned", {**key, "return_value": return_value}, partition)
     _set(result, status=TaskResultStatus.SUCCESSFUL, _return_value=json.loads(return_value))
     task_finished.send(type(backend), task_result=result)
 
 
-def _record_error(key, exc) -> TaskError:
+def _record_error(key, exc, partition) -> TaskError:
     """Append the attempt's error to the row. A failure to do so is logged: the task's own
     exception goes on to running.py, which records the retry or DEAD (and the error as last_error)."""
     error = TaskError(exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
                       traceback="".join(traceback.format_exception(exc))[-MAX_ERROR_LENGTH:])
     try:
         record_outcome("tasks_backend_failed", {**key, "exception_class_path": error.exception_class_path,
-                                                "traceback": error.traceback})
+                                                "traceback": error.traceback}, partition)
     except Exception:
         logger.exception("timeouts: could not record the error of job %s attempt %s", key["job_id"], key["attempt"])
     return error
+
+
+def partition_of(action_time) -> str:
+    """The partition that holds a task due at `action_time` once maintenance has created it: the
+    worker's statements go straight there, where PostgreSQL reuses their prepared plans (through
+    the partitioned parent it plans them anew each time). A row still in DEFAULT, or a partition
+    named for another PARTITION_INTERVAL, is found through the parent (running.record_outcome)."""
+    interval = get_settings().PARTITION_INTERVAL
+    return partition_name(bucket_start(action_time, interval), interval)
 
 
 def worker_id() -> str:
