@@ -45,12 +45,19 @@ class Claim:
         return [self.job_id, self.action_time.isoformat(), self.attempt, self.run_at.isoformat(), self.partition]
 
 
+# The most one claim takes, whatever it is asked for: the claim's plan is sized for it (see
+# claim_due in sql/queries.sql). A scan or dispatcher with a larger batch claims it in rounds.
+MAX_CLAIM = 5000
+
+
 def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
-    """Claim up to `limit` PENDING tasks due within `lead` seconds, by the database clock."""
+    """Claim up to `limit` (at most MAX_CLAIM) PENDING tasks due within `lead` seconds, by the
+    database clock: shared fairly among their biz_types, within their limits and pauses
+    (timeouts.isolation)."""
     if own_connection.current().in_atomic_block:
         raise TransactionManagementError(
             "claim_due() must commit before publishing: call it outside transaction.atomic()")
-    params = {"limit": limit, "lead": float(lead), "max_dispatched": get_settings().MAX_DISPATCHED}
+    params = {"limit": min(limit, MAX_CLAIM), "lead": float(lead), "max_dispatched": get_settings().MAX_DISPATCHED}
 
     def claim():
         return fetch_dicts("claim_due", params)

@@ -22,9 +22,9 @@ import time
 import psycopg
 from django.db import Error as DjangoDatabaseError
 
-from . import own_connection
+from . import isolation, own_connection
 from .bounded_publishing import PublishFailed, publish_bounded, warm_up_broker
-from .claiming import claim_due
+from .claiming import MAX_CLAIM, claim_due
 from .conf import get_settings
 from .listener import Backoff, Listener, connection_params
 
@@ -37,6 +37,9 @@ STOP_CHECK = 0.5  # seconds: the longest sleep between two looks at the stop eve
 # Seconds to wake after (deadline - lead): waking a hair early claims nothing and costs a second
 # claim, and mapping the database clock onto the local one is good to a fraction of a millisecond.
 WAKE_MARGIN = 0.001
+# Seconds between claims of a biz_type at its concurrency limit that has tasks due: a task that
+# ends wakes nobody, so a dispatcher looks again this often (the scan does, every SCAN_INTERVAL).
+CONCURRENCY_POLL = 0.05
 
 DATABASE_ERRORS = (psycopg.Error, DjangoDatabaseError)
 
@@ -72,7 +75,7 @@ class Dispatcher:
                  keepalive_interval=KEEPALIVE_INTERVAL, publish_timeout=PUBLISH_TIMEOUT, stats=None):
         settings = get_settings()
         self.lead = float(settings.DISPATCH_LEAD if lead is None else lead)
-        self.batch_size = settings.SCAN_BATCH_SIZE if batch_size is None else batch_size
+        self.batch_size = min(settings.SCAN_BATCH_SIZE if batch_size is None else batch_size, MAX_CLAIM)
         # Tasks due beyond the horizon send no NOTIFY: reading every horizon / 2 finds them in time.
         # Never more often than once a second (the idle budget), whatever the horizon.
         self.read_interval = max(1.0, min(keepalive_interval, settings.NOTIFY_HORIZON / 2))
@@ -152,6 +155,8 @@ class Dispatcher:
     # -- the loop ------------------------------------------------------------------------------
 
     def _serve(self):
+        # The handlers' own limits, as the code this process runs declares them (isolation.py).
+        isolation.declare()
         # Notifications sent while we were not listening are lost: the table is the truth.
         self._read_deadline()
         while not self.stop.is_set():
@@ -198,6 +203,17 @@ class Dispatcher:
         self.wake_at = None if row["deadline"] is None else self._local(row["deadline"])
         self.next_read = after + self.read_interval
 
+    def _read_claimable(self) -> bool:
+        """When limits or pauses hold some biz_types back, lower the wake-up time to when the next
+        task may be claimed, not merely fall due; False when none is limited or paused."""
+        # The poll is counted from the wake-up, which comes a lead before the deadline.
+        row = self.listener.query("claimable_deadline", {"concurrency_poll": CONCURRENCY_POLL + self.lead})
+        self.stats.add(reads=1, queries=1)
+        if not row["held"]:
+            return False
+        self.wake_at = None if row["deadline"] is None else self._local(row["deadline"])
+        return True
+
     def _local(self, deadline: float) -> float:
         """When to wake, on the local clock, for a deadline in database epoch seconds: a lead before
         it. But not sooner than half a lead after the last claim, unless that would leave less than
@@ -234,7 +250,12 @@ class Dispatcher:
         logger.debug("timeouts.dispatcher: woke at the deadline %+.1f ms; claimed %d, published %d in %.1f ms",
                      (started - deadline) * 1000, claimed, published, (self.clock() - started) * 1000)
         self._read_deadline()
-        if not full and self.wake_at is not None and self.wake_at <= self.clock():
+        still_due = not full and self.wake_at is not None and self.wake_at <= self.clock()
+        if still_due and self._read_claimable():
+            # Tasks due but held back by the limits or pauses of their biz_types wait until one may
+            # be claimed: asleep until then, and any other task's NOTIFY wakes it as usual.
+            still_due = self.wake_at is not None and self.wake_at <= self.clock()
+        if still_due:
             # Still due after a batch that was not full. Once, that is the clocks' rounding at the
             # edge of the lead: claim again at once. Again and again, either backpressure holds the
             # claims back (MAX_DISPATCHED unstarted: the workers are the bottleneck) or another

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from . import own_connection
 from .conf import notify_params
 from .errors import InvalidOption, UnknownBizType
 from .queries import execute, fetch_dicts, fetch_one
@@ -74,11 +75,12 @@ def resume(biz_type, *, using=DEFAULT_DB_ALIAS) -> None:
     _change("pause_biz_type", biz_type, using, paused=False)
 
 
-def declare(*, using=DEFAULT_DB_ALIAS) -> int:
+def declare(connection=None) -> int:
     """Write the limits that this process's handlers declare into the table, where they differ
-    from what is stored (one read when nothing changed). Returns how many biz_types changed."""
+    from what is stored (one read when nothing changed), on `connection` (default: the one
+    timeouts' statements use in this thread). Returns how many biz_types changed."""
     declared = {biz_type: (handler.rate_limit, handler.concurrency) for biz_type, handler in registered().items()}
-    connection = connections[using]
+    connection = connection or own_connection.current()
     stored = {row["biz_type"]: (row["declared_rate_limit"], row["declared_concurrency"])
               for row in fetch_dicts("declared_limits", using=connection)}
     changed = {biz_type: values for biz_type, values in declared.items()
@@ -86,8 +88,8 @@ def declare(*, using=DEFAULT_DB_ALIAS) -> int:
     if changed:
         execute("declare_limits", {"biz_types": list(changed),
                                    "rate_limits": [rate for rate, _ in changed.values()],
-                                   "concurrencies": [concurrency for _, concurrency in changed.values()],
-                                   **notify_params()}, using=connection).close()
+                                   "concurrencies": [concurrency for _, concurrency in changed.values()]},
+                using=connection).close()
     return len(changed)
 
 

@@ -3,7 +3,8 @@ tasks, batch after batch while batches come back full."""
 
 import time
 
-from .claiming import claim_due
+from . import isolation
+from .claiming import MAX_CLAIM, claim_due
 from .conf import get_settings
 from .publishing import publish
 from .recovery import recover_expired
@@ -15,9 +16,13 @@ def scan(*, max_seconds=None) -> int:
     settings = get_settings()
     deadline = time.monotonic() + (settings.SCAN_INTERVAL if max_seconds is None else max_seconds)
     recover_expired()
+    # The handlers' own limits, as the code this process runs declares them (isolation.py): in
+    # force everywhere within SCAN_INTERVAL of a deploy.
+    isolation.declare()
     published = 0
+    batch = min(settings.SCAN_BATCH_SIZE, MAX_CLAIM)
     while True:
-        claims = claim_due(settings.SCAN_BATCH_SIZE)
+        claims = claim_due(batch)
         published += publish(claims)
-        if len(claims) < settings.SCAN_BATCH_SIZE or time.monotonic() > deadline:
+        if len(claims) < batch or time.monotonic() > deadline:
             return published

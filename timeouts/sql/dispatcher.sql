@@ -8,3 +8,62 @@
 -- tasks wait. Also the dispatcher's keepalive.
 SELECT extract(epoch FROM (SELECT min(run_at) FROM timeouts_task WHERE status = :PENDING))::float8 AS deadline,
        extract(epoch FROM clock_timestamp())::float8 AS now;
+
+
+-- name: claimable_deadline
+-- When the next PENDING task may be claimed, as nearest_deadline, but held back by the limits
+-- and pauses of timeouts_limits: a paused biz_type's tasks not at all, a rate-limited one's not
+-- before its bucket holds a claim again, a biz_type at its concurrency limit not before
+-- `concurrency_poll` seconds from now (a task that ends wakes nobody). `held` is false when no
+-- biz_type is limited or paused: then only the tiny limits table is read, and the deadline is NULL.
+-- Read by a dispatcher whose claim left tasks due, so that it sleeps until one may be claimed
+-- instead of claiming again and again for nothing. The biz_types with PENDING tasks are stepped
+-- through as in claim_due (one probe per partition each).
+WITH RECURSIVE
+held AS MATERIALIZED (
+    SELECT l.biz_type, l.paused, l.tokens, l.refilled_at, f.rate_limit, f.concurrency
+    FROM timeouts_limits AS l,
+         LATERAL (SELECT CASE WHEN l.overridden THEN l.rate_limit ELSE l.declared_rate_limit END AS rate_limit,
+                         CASE WHEN l.overridden THEN l.concurrency ELSE l.declared_concurrency END AS concurrency) AS f
+    WHERE l.paused OR f.rate_limit IS NOT NULL OR f.concurrency IS NOT NULL
+),
+pending_types AS (
+    SELECT ''::varchar AS biz_type
+    WHERE EXISTS (SELECT FROM held)
+    UNION ALL
+    SELECT (SELECT t.biz_type FROM timeouts_task AS t
+            WHERE t.status = :PENDING AND t.biz_type > p.biz_type
+            ORDER BY t.biz_type LIMIT 1)
+    FROM pending_types AS p
+    WHERE p.biz_type IS NOT NULL
+),
+deadlines AS (
+    SELECT p.biz_type, h.biz_type IS NOT NULL AS limited, h.paused, h.tokens, h.refilled_at, h.rate_limit,
+           h.concurrency, nearest.run_at
+    FROM pending_types AS p
+    CROSS JOIN LATERAL (
+        SELECT t.run_at FROM timeouts_task AS t
+        WHERE t.status = :PENDING AND t.biz_type = p.biz_type
+        ORDER BY t.run_at LIMIT 1
+    ) AS nearest
+    LEFT JOIN held AS h USING (biz_type)
+    WHERE p.biz_type <> ''
+),
+claimable AS (
+    SELECT CASE
+        WHEN NOT d.limited THEN d.run_at
+        WHEN d.paused THEN NULL
+        ELSE greatest(
+            d.run_at,
+            CASE WHEN d.rate_limit IS NOT NULL AND d.refilled_at IS NOT NULL AND d.tokens < 1
+                 THEN d.refilled_at + (1 - d.tokens) / d.rate_limit * interval '1 second' END,
+            CASE WHEN d.concurrency IS NOT NULL
+                      AND (SELECT count(*) FROM timeouts_task AS t
+                           WHERE t.status IN (:DISPATCHED, :RUNNING) AND t.biz_type = d.biz_type) >= d.concurrency
+                 THEN clock_timestamp() + %(concurrency_poll)s * interval '1 second' END)
+        END AS at
+    FROM deadlines AS d
+)
+SELECT EXISTS (SELECT FROM held) AS held,
+       extract(epoch FROM (SELECT min(at) FROM claimable))::float8 AS deadline,
+       extract(epoch FROM clock_timestamp())::float8 AS now;

@@ -95,8 +95,22 @@ RETURNING timeouts_task.*, timeouts_notify_v1(%(channel)s, c.now, c.now) AS noti
 
 -- name: claim_due
 -- The one claim used by the scan and by the dispatcher: due tasks (or due within `lead` seconds),
--- oldest first, skipping rows another claimer or a cancel holds. A claim takes a lease of the
--- task's TTR; attempts is counted when the handler starts, not here.
+-- shared fairly among the biz_types that have any, oldest first within each, within the limits
+-- and pauses of timeouts_limits, skipping rows another claimer or a cancel holds. A claim takes a
+-- lease of the task's TTR; attempts is counted when the handler starts, not here.
+--
+-- Times are compared with `clock.due_by`, a value the planner cannot see (an InitPlan), rather
+-- than with now() + %(lead)s: the plan then does not depend on the parameters or the clock, and
+-- PostgreSQL keeps the generic plan of the prepared claim instead of planning it again for every
+-- claim (its partitions times its references to the table: tens of milliseconds). Estimated with
+-- defaults, the plan is kept to shapes that read what they return whatever the estimates: LATERAL
+-- index scans with LIMIT, and the UPDATE's rows found by ctid. The LIMIT 5000 of the two rounds
+-- never cuts a claim (claiming.MAX_CLAIM) but caps their estimates, whose cost would otherwise
+-- grow with the table and cross jit_above_cost (JIT compiling this plan costs 100+ ms).
+WITH RECURSIVE
+clock AS (
+    SELECT now() + %(lead)s * interval '1 second' AS due_by
+),
 -- Backpressure, so a backlog waits here and not in the broker (where leases would expire and the
 -- tasks be published again): no claims while a batch's worth (or half of max_dispatched, if less:
 -- only that many are counted) of claimed tasks have waited more than half their TTR for a worker
@@ -104,47 +118,212 @@ RETURNING timeouts_task.*, timeouts_notify_v1(%(channel)s, c.now, c.now) AS noti
 -- and expired leases are lease recovery's business), and never more than max_dispatched claimed
 -- but not started (two claimers at once may overshoot by a batch). One index scan serves both: the
 -- lease index returns the oldest claims first.
-WITH dispatched AS (
+dispatched AS (
     SELECT count(*) AS n,
            count(*) FILTER (WHERE lease_until > now() AND lease_until < now() + ttr * interval '0.5 second')
                >= least(%(limit)s, greatest(1, %(max_dispatched)s / 2)) AS saturated
     FROM (
         SELECT lease_until, ttr FROM timeouts_task
         -- A claimed task was due when claimed: no future partition can hold one.
-        WHERE status = :DISPATCHED AND action_time <= now() + %(lead)s * interval '1 second'
+        WHERE status = :DISPATCHED AND action_time <= (SELECT due_by FROM clock)
         LIMIT %(max_dispatched)s
     ) AS capped
 ),
-due AS (
-    SELECT job_id, action_time, tableoid, ctid
-    FROM timeouts_task
-    WHERE status = :PENDING
-      AND run_at <= now() + %(lead)s * interval '1 second'
-      -- Implied by run_at >= action_time; spelled out so future partitions are pruned.
-      AND action_time <= now() + %(lead)s * interval '1 second'
-    ORDER BY run_at
-    LIMIT (SELECT CASE WHEN saturated THEN 0 ELSE greatest(0, least(%(limit)s, %(max_dispatched)s - n)) END
-           FROM dispatched)
-    FOR UPDATE SKIP LOCKED
+budget AS (
+    SELECT CASE WHEN saturated THEN 0 ELSE greatest(0, least(%(limit)s, %(max_dispatched)s - n)) END AS n
+    FROM dispatched
+),
+-- Every biz_type with PENDING tasks, in any partition: a loose index scan of timeouts_task_due_by_type
+-- that steps from one biz_type to the next, one probe per partition each, however many tasks wait
+-- (SELECT DISTINCT would read them all). Not limited to due partitions: a condition on action_time
+-- is not in the index, and would read every future task of the current partition.
+pending_types AS (
+    SELECT ''::varchar AS biz_type  -- before any biz_type
+    WHERE (SELECT n FROM budget) > 0
+    UNION ALL
+    SELECT (SELECT t.biz_type FROM timeouts_task AS t
+            WHERE t.status = :PENDING AND t.biz_type > p.biz_type
+            ORDER BY t.biz_type LIMIT 1)
+    FROM pending_types AS p
+    WHERE p.biz_type IS NOT NULL
+),
+-- Those with a due task, and their oldest one: a probe of the due partitions each. The row
+-- comparison bounds the scan in the (biz_type, run_at) index; only that index can serve it (not
+-- the run_at one, which would read the other biz_types' due tasks), whatever the statistics say.
+-- Implied by run_at >= action_time, action_time <= due_by is spelled out so future partitions
+-- are pruned.
+due_types AS (
+    SELECT p.biz_type, oldest.run_at AS oldest
+    FROM pending_types AS p
+    CROSS JOIN LATERAL (
+        SELECT t.run_at FROM timeouts_task AS t
+        WHERE t.status = :PENDING AND t.biz_type = p.biz_type
+          AND (t.biz_type, t.run_at) <= (p.biz_type, (SELECT due_by FROM clock))
+          AND t.action_time <= (SELECT due_by FROM clock)
+        ORDER BY t.run_at LIMIT 1
+    ) AS oldest
+    WHERE p.biz_type <> ''
+),
+-- The limits in force of the due biz_types (timeouts_limits; isolation.py), as this statement's
+-- snapshot sees them, then the rows of the limited ones locked, skipping a row another claimer
+-- holds: that claimer is serving that biz_type, this one leaves it alone for this round. Every
+-- claim of a limited biz_type updates its row (`spent`), so a row whose version changed since
+-- the snapshot (`current` false) was claimed from after this snapshot, whose counts of running
+-- tasks are then stale: that biz_type is left alone too. So claims of a limited biz_type follow
+-- one another, each seeing every claim before it, however many claimers run.
+seen AS MATERIALIZED (
+    SELECT l.biz_type, l.xmin AS version, l.paused,
+           CASE WHEN l.overridden THEN l.rate_limit ELSE l.declared_rate_limit END AS rate_limit,
+           CASE WHEN l.overridden THEN l.concurrency ELSE l.declared_concurrency END AS concurrency
+    FROM timeouts_limits AS l JOIN due_types USING (biz_type)
+),
+limited AS (
+    SELECT * FROM seen WHERE paused OR rate_limit IS NOT NULL OR concurrency IS NOT NULL
+),
+locked AS (
+    SELECT l.biz_type, l.xmin = limited.version AS current, l.tokens, l.refilled_at
+    FROM timeouts_limits AS l JOIN limited USING (biz_type)
+    WHERE NOT limited.paused
+    FOR UPDATE OF l SKIP LOCKED
+),
+-- Claimed or running, whatever their lease: a lost worker's task holds its slot until lease
+-- recovery gives it back (the scan's first step), a handler that outlives its lease until it ends.
+in_flight AS (
+    SELECT biz_type, count(*) AS n FROM timeouts_task
+    WHERE status IN (:DISPATCHED, :RUNNING) AND action_time <= (SELECT due_by FROM clock)
+      AND biz_type IN (SELECT biz_type FROM limited WHERE concurrency IS NOT NULL)
+    GROUP BY biz_type
+),
+-- How many each due biz_type may have now (NULL: no limit). The rate limit is a token bucket:
+-- `available` claims, refilled at the rate since the last claim, up to one second's worth (and at
+-- least one, so a rate below 1/s can claim at all). Its clock is due_by, as for the tasks: a
+-- dispatcher claims a lead ahead what falls due within the lead, a claim included; and it never
+-- runs backwards (`spent`), so claimers with different leads are never given a claim twice.
+allowed AS (
+    SELECT d.biz_type, d.oldest, b.available,
+        CASE WHEN limited.biz_type IS NULL THEN NULL
+             WHEN locked.current IS NOT TRUE THEN 0  -- paused, held by another claimer, or stale
+             ELSE least(floor(b.available), greatest(0, limited.concurrency - coalesce(in_flight.n, 0)))
+        END AS n
+    FROM due_types AS d
+    LEFT JOIN limited USING (biz_type)
+    LEFT JOIN locked USING (biz_type)
+    LEFT JOIN in_flight USING (biz_type)
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN limited.rate_limit IS NULL THEN NULL
+                    WHEN locked.refilled_at IS NULL THEN greatest(limited.rate_limit, 1)
+                    ELSE least(greatest(limited.rate_limit, 1), locked.tokens
+                               + limited.rate_limit
+                                 * greatest(0, extract(epoch FROM (SELECT due_by FROM clock) - locked.refilled_at)))
+               END AS available
+    ) AS b
+),
+-- The claim shared equally among the biz_types that may have any, the remainder to the ones
+-- whose oldest due task is oldest (so with more biz_types than the claim's size, the longest
+-- waiting ones first), each share within its biz_type's limits.
+shares AS (
+    SELECT a.*, q.share
+    FROM (SELECT allowed.*, row_number() OVER (ORDER BY oldest, biz_type) AS rank, count(*) OVER () AS types
+          FROM allowed WHERE n IS DISTINCT FROM 0) AS a,
+         budget,
+         LATERAL (SELECT least(a.n, budget.n / a.types
+                                    + CASE WHEN a.rank <= budget.n %% a.types THEN 1 ELSE 0 END) AS share) AS q
+),
+-- Each share, oldest first: the index scan's LIMIT counts only rows it could lock (SKIP LOCKED),
+-- so any number of claimers take different tasks.
+first_round AS (
+    SELECT s.biz_type, c.*
+    FROM shares AS s CROSS JOIN LATERAL (
+        SELECT t.job_id, t.action_time, t.tableoid, t.ctid, t.run_at
+        FROM timeouts_task AS t
+        WHERE t.status = :PENDING AND t.biz_type = s.biz_type
+          AND (t.biz_type, t.run_at) <= (s.biz_type, (SELECT due_by FROM clock))
+          AND t.action_time <= (SELECT due_by FROM clock)
+        ORDER BY t.run_at
+        LIMIT s.share
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    WHERE s.share > 0
+    LIMIT 5000
+),
+-- What the biz_types that had fewer due tasks than their share left, shared among those that
+-- filled theirs (and may have more): a backlog still fills the claim, after everyone's share.
+-- Their scans start again from their oldest task: the rows of the first round are this
+-- transaction's own locks, which SKIP LOCKED does not skip, and UNION counts once.
+taken AS (
+    SELECT s.*, coalesce(f.n, 0) AS got
+    FROM shares AS s
+    LEFT JOIN (SELECT biz_type, count(*) AS n FROM first_round GROUP BY biz_type) AS f USING (biz_type)
+),
+hungry AS (
+    SELECT h.*, q.extra
+    FROM (SELECT w.*, row_number() OVER (ORDER BY w.rank) AS rank2, count(*) OVER () AS types2
+          FROM (SELECT taken.*, (SELECT budget.n FROM budget) - sum(got) OVER () AS shortfall FROM taken) AS w
+          WHERE w.got = w.share AND w.share > 0 AND w.share IS DISTINCT FROM w.n) AS h,
+         LATERAL (SELECT least(h.n - h.share, h.shortfall / h.types2
+                               + CASE WHEN h.rank2 <= h.shortfall %% h.types2 THEN 1 ELSE 0 END) AS extra) AS q
+),
+second_round AS (
+    SELECT h.biz_type, c.*
+    FROM hungry AS h CROSS JOIN LATERAL (
+        SELECT t.job_id, t.action_time, t.tableoid, t.ctid, t.run_at
+        FROM timeouts_task AS t
+        WHERE t.status = :PENDING AND t.biz_type = h.biz_type
+          AND (t.biz_type, t.run_at) <= (h.biz_type, (SELECT due_by FROM clock))
+          AND t.action_time <= (SELECT due_by FROM clock)
+        ORDER BY t.run_at
+        LIMIT h.share + h.extra
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+    WHERE h.extra > 0
+    LIMIT 5000
+),
+-- At most each biz_type's allowance and the budget, round by round: every biz_type's first task,
+-- then every second one, and so on.
+chosen AS (
+    SELECT c.*
+    FROM (SELECT u.*, row_number() OVER (PARTITION BY u.biz_type ORDER BY u.run_at) AS nth
+          FROM (SELECT * FROM first_round UNION SELECT * FROM second_round) AS u) AS c
+    JOIN shares AS s USING (biz_type)
+    WHERE c.nth <= coalesce(s.n, c.nth)
+    ORDER BY c.nth, s.rank
+    LIMIT (SELECT n FROM budget)
+),
+claimed AS (
+    UPDATE timeouts_task AS t
+    SET status = :DISPATCHED, dispatched_at = now(), modified_at = now(),
+        lease_until = now() + t.ttr * interval '1 second'
+    FROM chosen AS due
+    -- Each row is found again where it was locked (it cannot move while locked): its partition,
+    -- then its ctid, by a TID scan of the chosen ctids. Joined by key alone, a partition whose
+    -- statistics predate a burst scheduled into it is searched through the admin's (action_time)
+    -- index, which then reads every task due at that instant for each one claimed (measured:
+    -- 56 ms for 500 of 1,000 tasks due at once, against 10 ms); and a generic plan may hash every
+    -- due row of the partition. A row that another transaction changed after this statement's
+    -- snapshot is not found again here: it stays PENDING, and the next claim takes it.
+    WHERE t.ctid = ANY (ARRAY(SELECT ctid FROM chosen))
+      AND t.tableoid = due.tableoid AND t.ctid = due.ctid AND t.job_id = due.job_id
+      AND t.action_time = due.action_time
+      -- Repeated for the UPDATE's own scan, so it too skips future partitions.
+      AND t.action_time <= (SELECT due_by FROM clock)
+    -- The partition that holds the row: the worker's start and DONE run on it (queries.py, ON_PARTITION).
+    -- A stored Celery call (celery_calls.py) comes with its attribute, the call its message is made of;
+    -- a handler's task, without.
+    RETURNING t.job_id, t.action_time, t.run_at, t.biz_type, t.attempts, t.ttr, now() AS claimed_at,
+              t.tableoid::regclass::text AS partition,
+              CASE WHEN t.biz_type LIKE 'celery:%%' THEN t.attribute END AS call
+),
+-- The limited biz_types' rows: what their claims used of the bucket, and a new row version, which
+-- tells a claimer whose snapshot is older that its counts are stale.
+spent AS (
+    UPDATE timeouts_limits AS l
+    SET tokens = greatest(0, coalesce(a.available, 0) - c.n),
+        refilled_at = greatest(l.refilled_at, (SELECT due_by FROM clock))
+    FROM (SELECT biz_type, count(*) AS n FROM claimed GROUP BY biz_type) AS c
+    JOIN allowed AS a USING (biz_type)
+    WHERE l.biz_type = c.biz_type AND a.n IS NOT NULL
 )
-UPDATE timeouts_task AS t
-SET status = :DISPATCHED, dispatched_at = now(), modified_at = now(), lease_until = now() + t.ttr * interval '1 second'
-FROM due
--- Each row is found again where `due` locked it (it cannot move while locked): its partition, then
--- its ctid. Joined by key alone, a partition whose statistics predate a burst scheduled into it is
--- searched through the admin's (action_time) index, which then reads every task due at that
--- instant for each one claimed (measured: 56 ms for 500 of 1,000 tasks due at once, against 10 ms).
--- A row that another transaction changed after this statement's snapshot is not found again here:
--- it stays PENDING, and the next claim takes it.
-WHERE t.tableoid = due.tableoid AND t.ctid = due.ctid AND t.job_id = due.job_id AND t.action_time = due.action_time
-  -- Repeated for the UPDATE's own scan, so it too skips future partitions.
-  AND t.action_time <= now() + %(lead)s * interval '1 second'
--- The partition that holds the row: the worker's start and DONE run on it (queries.py, ON_PARTITION).
--- A stored Celery call (celery_calls.py) comes with its attribute, the call its message is made of;
--- a handler's task, without.
-RETURNING t.job_id, t.action_time, t.run_at, t.biz_type, t.attempts, t.ttr, now() AS claimed_at,
-          t.tableoid::regclass::text AS partition,
-          CASE WHEN t.biz_type LIKE 'celery:%%' THEN t.attribute END AS call;
+SELECT * FROM claimed;
 
 
 -- name: release_claims
@@ -336,12 +515,13 @@ SELECT biz_type, declared_rate_limit, declared_concurrency FROM timeouts_limits;
 
 
 -- name: declare_limits
+-- Wakes nobody: the scan that declares claims next, and a dispatcher re-reads its deadline within
+-- seconds; a dispatcher starting would otherwise wake them all for nothing.
 INSERT INTO timeouts_limits AS l (biz_type, declared_rate_limit, declared_concurrency)
 SELECT * FROM unnest(%(biz_types)s::varchar[], %(rate_limits)s::float8[], %(concurrencies)s::integer[])
 ON CONFLICT (biz_type) DO UPDATE
 SET declared_rate_limit = excluded.declared_rate_limit, declared_concurrency = excluded.declared_concurrency,
-    modified_at = clock_timestamp()
-RETURNING timeouts_notify_v1(%(channel)s, clock_timestamp(), clock_timestamp());
+    modified_at = clock_timestamp();
 
 
 -- name: override_limits
