@@ -204,6 +204,16 @@ def test_a_task_in_the_default_partition_runs_and_reports_back():
     assert result.status == TaskResultStatus.SUCCESSFUL and len(result.worker_ids) == 1
 
 
+def test_an_eager_run_inside_a_transaction_leaves_it_usable():
+    # As a host's test suite runs a task (task_always_eager) inside its own transaction: no
+    # statement may fail there, not even on a partition that does not exist.
+    result = tasks.record.using(run_after=datetime.now(UTC) - timedelta(days=60)).enqueue("eager")
+    [claim] = claim_due(100)
+    with transaction.atomic():
+        assert running.run(*claim.message_args()) == "done"
+        assert tasks.record.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
+
+
 # --- Retries ---------------------------------------------------------------------------------------
 
 def test_max_attempts_retries_with_backoff_then_succeeds():

@@ -18,6 +18,7 @@ import traceback
 
 from celery import current_task
 
+from .. import own_connection
 from ..conf import get_settings
 from ..partitions import bucket_start, partition_name
 from ..running import MAX_ERROR_LENGTH, record_outcome
@@ -31,7 +32,8 @@ logger = logging.getLogger(__name__)
 def run(alias, task):
     """Run the attempt `task.attempts` of `task` (a TimeoutTask, RUNNING) on backend `alias`."""
     key = {"job_id": task.job_id, "action_time": task.action_time, "attempt": task.attempts}
-    partition = partition_of(task.action_time)
+    # Inside a host's transaction (an eager task) a missing partition would abort it: no shortcut.
+    partition = None if own_connection.current().in_atomic_block else partition_of(task.action_time)
     started = record_outcome("tasks_backend_started", {**key, "worker_id": worker_id()}, partition)
     if started is None:  # the lease ran out already: another attempt owns the row
         logger.warning("timeouts: %s lost its lease before it started", task)
