@@ -65,7 +65,8 @@ def test_a_result_round_trip_from_ready_to_successful():
     result = tasks.add.enqueue(2, 3)
     assert result.status == TaskResultStatus.READY and result.backend == "default"
     assert result.args == [2, 3] and result.kwargs == {} and result.worker_ids == [] and result.errors == []
-    assert tasks.add.get_result(result.id).status == TaskResultStatus.READY
+    fetched = tasks.add.get_result(result.id)
+    assert fetched.status == TaskResultStatus.READY and fetched.task == tasks.add and fetched.id == result.id
     [row] = rows()
     assert (row.biz_type, row.biz_id, row.max_attempts) == ("tasks:default:default", tasks.add.module_path, 1)
 
@@ -282,6 +283,12 @@ def test_an_unknown_queue_a_priority_or_a_naive_run_after_is_refused():
         tasks.add.using(run_after=datetime.now())  # noqa: DTZ005
     with pytest.raises(InvalidTask):
         tasks.add.using(backend="retrying", queue_name="timeouts-test-other")
+
+    def not_at_module_level():
+        return 1
+
+    with pytest.raises(InvalidTaskOptions, match="module level"):
+        tasks.task(not_at_module_level)
     assert not rows().exists()
 
 
