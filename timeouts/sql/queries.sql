@@ -203,7 +203,7 @@ allowed AS (
     SELECT d.biz_type, d.oldest, b.available,
         CASE WHEN limited.biz_type IS NULL THEN NULL
              WHEN locked.current IS NOT TRUE THEN 0  -- paused, held by another claimer, or stale
-             ELSE least(floor(b.available), greatest(0, limited.concurrency - coalesce(in_flight.n, 0)))
+             ELSE greatest(0, least(floor(b.available), limited.concurrency - coalesce(in_flight.n, 0)))
         END AS n
     FROM due_types AS d
     LEFT JOIN limited USING (biz_type)
