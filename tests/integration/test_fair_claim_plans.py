@@ -92,7 +92,8 @@ def check_plan(plan, jit_above_cost):
     assert rows_read(root) < 5 * 500, json.dumps(plan, indent=1)  # of 1,000,010 due
     # Index scans of the (biz_type, run_at) index (the lease index for the backpressure count),
     # and the TID scan that finds the claimed rows again: never a sequential scan.
-    scanned = {(node["Node Type"], node.get("Index Name")) for node in nodes(root) if node.get("Relation Name") == PARTITION}
+    scanned = {(node["Node Type"], node.get("Index Name"))
+               for node in nodes(root) if node.get("Relation Name") == PARTITION}
     allowed = {f"{PARTITION}_biz_type_run_at_idx", f"{PARTITION}_lease_until_idx"}
     assert all(kind == "Tid Scan" or index in allowed for kind, index in scanned), scanned
     assert root["Total Cost"] < jit_above_cost
