@@ -88,12 +88,14 @@ def count(queryset, *, exact_limit=EXACT_LIMIT, max_cost=MAX_COST) -> Count:
 def estimated_rows(name, params=None, using=DEFAULT_DB_ALIAS) -> int:
     """The planner's estimate of the rows named query `name` reads: under its LIMIT if it has one
     (a bounded count), else what it returns. Nothing is run."""
-    node = plan(QUERIES[name], params or {}, using)
+    top = node = plan(QUERIES[name], params or {}, using)
     while node.get("Node Type") != "Limit" and node.get("Plans"):
         node = node["Plans"][0]
-    if node.get("Node Type") == "Limit":
-        node = node["Plans"][0]
-    return round(node["Plan Rows"])
+    if node.get("Node Type") != "Limit":
+        # No LIMIT: what the whole statement returns (its first child, down the tree, would be
+        # one partition of an Append).
+        return round(top["Plan Rows"])
+    return round(node["Plans"][0]["Plan Rows"])
 
 
 def bounded_count(name, *, limit, using=DEFAULT_DB_ALIAS) -> Count:

@@ -144,6 +144,15 @@ def test_each_query_stops_at_its_limit(dense_data, name, biz_type):
     assert bounded <= most, (bounded, SMALL, share)
 
 
+def test_estimates_of_the_whole_table_are_of_every_partition(dense_data):
+    """Not of the first partition of the Append: status_counts() samples rather than counts above
+    a million rows, by this estimate."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM timeouts_task")
+        rows = cursor.fetchone()[0]
+    assert 0.5 * rows < stats.estimated_rows("table_rows") < 2 * rows
+
+
 def test_the_biz_type_scan_probes_each_partition_once_per_biz_type(dense_data):
     plan = plan_of("waiting_biz_types", params("waiting_biz_types"), analyze=True)
     partitions = len({partition for _, partition, _ in scans(plan)[0]})
