@@ -3,7 +3,8 @@ how late it runs, and the limits and pause in force; where an operator looks fir
 
 Reached from the task list (/admin/timeouts/timeouttask/businesses/), for staff who may view
 tasks. Pausing, resuming and setting limits from it need the permission `timeouts.change_limits`;
-each change goes through timeouts.pause(), resume() or set_limits(), and into the admin log.
+each change goes through timeouts.pause(), resume(), set_limits() or reset_limits(), and into the
+admin log.
 
 Every number on it comes from bounded, index-served queries (timeouts.stats, sql/stats.sql), so
 it answers as fast on tens of millions of rows as on a few.

@@ -67,8 +67,9 @@ def _number(text, kind, name):
 
 
 def show(value, none="none"):
-    return none if value is None else f"{value:g}"
+    """2.5 -> "2.5", 1000000.0 -> "1000000", 20 -> "20": as typed into the form, and read back."""
+    return none if value is None else f"{value:.15g}"
 
 
 def per_second(value):
-    return "none" if value is None else f"{value:g}/s"
+    return "none" if value is None else f"{show(value)}/s"
