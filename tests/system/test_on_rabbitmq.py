@@ -23,7 +23,6 @@ from tests.system.test_durable_task import (  # noqa: F401
     runs,
     test_a_call_published_twice_runs_once,
     test_a_call_that_expires_on_its_way_to_the_worker_ends_cancelled,
-    test_a_true_cancel_racing_the_due_time_never_runs,
     test_a_worker_killed_with_calls_pending_loses_none,
     test_calls_run_at_their_time_once_with_their_task_id_and_arguments_never_early,
     test_routing_to_a_named_queue_and_a_link_callback,

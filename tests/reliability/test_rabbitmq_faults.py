@@ -1,0 +1,131 @@
+"""RabbitMQ (Celery's default broker) fails under load: a node of its own (rabbitmq_node.py) is stopped
+cleanly for 20 s, then, later, killed (SIGKILL) and started again at once, while timeouts tasks
+(oracle.ok, through the dispatcher and the scan) and stored Celery calls (DurableTask, oracle.durable)
+fall due. Publisher confirms are on (`timeouts.celery.setup()`): a message the node did not confirm
+fails its publish, and its claim is released and published again once the node is back; a message
+it confirmed was on disk (durable queue, persistent message) and survives both faults. The node
+redelivers the messages a worker had not acknowledged when its connection dropped; stale by then,
+the compare-and-set drops them. No worker dies mid-run here, so the oracle allows no duplicate.
+
+Sizes follow TIMEOUTS_RELIABILITY_SCALE (1.0: 3,000 tasks scheduled over 40 s, 1,000 calls due over
+60 s, a 20 s stop). Run with -s to see what it observed; the numbers also go to
+var/test-logs/reliability/<test>/numbers.json.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.processes import wait_for
+
+from .durable_calls import call_runs, check_calls, create_tables, spawn_storer, wait_stored, without_calls
+from .oracle import check
+from .outages import ENV, BurstScheduler, Timeline, WorkerSupervisor, scaled, sleep_checking
+from .rabbitmq_node import ThrowawayRabbitMQ, rabbitmq_server_available
+from .race_tools import timeout_for
+from .system import System
+
+pytestmark = [pytest.mark.reliability, pytest.mark.slow]
+
+SETTINGS = "tests.reliability.settings_calls"
+SPREAD = 40.0  # seconds over which the tasks are scheduled
+CALLS_WINDOW = 60.0  # seconds over which the calls fall due: past the stop, into the kill
+# Prefork, as in most deployments. A `-P threads` worker (Celery 5.7, py-amqp 5.4), twice out of two
+# runs, reconnected after the clean stop and then consumed nothing until the AMQP heartbeat (120 s)
+# closed that connection; prefork workers go on within seconds.
+POOL = {"pool": "prefork", "concurrency": 4}
+# Celery's log line for a pool process it killed (a task past its hard time limit).
+KILLED_POOL_PROCESS = re.compile(r"Process '[^']+' pid:(\d+) exited with 'signal 9")
+
+
+def killed_pool_processes(log_dir) -> set:
+    return {int(match[1]) for path in Path(log_dir).glob("worker*.log")
+            for match in KILLED_POOL_PROCESS.finditer(path.read_text(errors="replace"))}
+
+
+@pytest.fixture
+def rabbitmq_node(log_dir):
+    if not rabbitmq_server_available():
+        pytest.skip("needs RabbitMQ's rabbitmq-server and rabbitmqctl (/usr/lib/rabbitmq/bin)")
+    with ThrowawayRabbitMQ(log_dir) as node:
+        yield node
+
+
+@pytest.fixture
+def rabbitmq_system(sut_database, rabbitmq_node, oracle, log_dir, monkeypatch):
+    # Celery reads CELERY_BROKER_URL (pinned to the tests' Redis by tests/settings.py) before an
+    # app's own broker: System.app would ping the wrong server.
+    monkeypatch.setenv("CELERY_BROKER_URL", rabbitmq_node.url)
+    create_tables(oracle)
+    env = {**ENV, "DJANGO_SETTINGS_MODULE": SETTINGS}
+    with System(database_url=sut_database.url, broker_url=rabbitmq_node.url, oracle_dsn=oracle.dsn,
+                log_dir=log_dir, env=env) as sut:
+        yield sut
+
+
+@pytest.mark.timeout(timeout_for(300, 240))
+def test_a_rabbitmq_node_stopped_then_killed_under_load_loses_and_duplicates_nothing(
+        rabbitmq_system, rabbitmq_node, sut_database, oracle, log_dir):
+    system, node = rabbitmq_system, rabbitmq_node
+    total, calls, outage = scaled(3_000, 300), scaled(1_000, 100), scaled(20, 5)
+    timeline = Timeline(oracle, log_dir, "rabbitmq stop + kill")
+    workers = WorkerSupervisor(system, **POOL)
+    system.dispatcher()
+    system.scanner(interval=1)
+    system.wait_worker_ready(workers.current)
+    workers.start()
+    burst = BurstScheduler(sut_database.url, oracle.dsn, total, delay=(0.2, 2.0), rate=total / SPREAD)
+    burst.start()
+    storer = spawn_storer(system, calls, first=2, window=CALLS_WINDOW)
+    try:
+        # 1. A clean stop: the node is gone for `outage` seconds, then starts with its messages.
+        wait_for(lambda: oracle.run_count() >= 0.2 * total, 300, interval=0.5, message="a fifth of the tasks to run")
+        timeline.mark("stop")
+        node.stop()
+        sleep_checking(system, outage)
+        node.start()
+        timeline.mark("stop_up")
+        stop_first_run_s = timeline.first_run_after("stop_up", 120)
+
+        # 2. A crash: killed, and started again at once.
+        wait_for(lambda: oracle.run_count() >= 0.6 * total and call_runs(oracle) >= 0.5 * calls, 300, interval=0.5,
+                 message="60% of the tasks and half of the calls to run")
+        runs_at_kill = call_runs(oracle)
+        timeline.mark("kill")
+        node.kill()
+        node.start()
+        timeline.mark("kill_up")
+        kill_first_run_s = timeline.first_run_after("kill_up", 120)
+
+        wait_stored(system, storer, 300)
+        burst.join_checked(600)
+        system.wait_until_final(timeout=600)
+    finally:
+        workers.finish()
+    node.wait_drained(120)
+    report = without_calls(check(system.database_url, oracle.dsn, recovery_window=30), system.database_url)
+    calls_report = check_calls(system.database_url, oracle.dsn)
+    print(report)
+    print(calls_report)
+    timeline.numbers(
+        tasks=burst.committed, runs=report.counts["runs"], calls=calls_report.stored, call_runs=calls_report.runs,
+        call_runs_at_kill=runs_at_kill, outage_s=outage, stop_first_run_s=stop_first_run_s,
+        stop_backlog_done_s=timeline.backlog_done_after("stop_up"), kill_first_run_s=kill_first_run_s,
+        kill_backlog_done_s=timeline.backlog_done_after("kill_up"),
+        worker_restarts=workers.restarts, worker_exit_codes=workers.exit_codes,
+        pool_processes_killed=len(killed_pool_processes(log_dir)),
+        stale_messages_dropped=system.log_count("timeouts: dropped stale")
+        + system.log_count("timeouts: dropped a stale message"),
+        dispatcher_publish_failures=system.log_count("timeouts.dispatcher: publishing failed")
+        + system.log_count("timeouts.dispatcher: the broker did not take"),
+        lateness=timeline.lateness(report),
+    )
+    # A run may be repeated only if its worker died mid-run: no worker did here, but Celery may kill
+    # a pool process whose task overran its hard time limit (TTR) while the broker was away.
+    killed = killed_pool_processes(log_dir)
+    assert workers.restarts == 0, f"a worker died ({workers.exit_codes}); no duplicate rule assumes none did"
+    report.assert_clean(max_duplicates=len(killed))
+    calls_report.assert_clean(died_mid_run=killed)
+    assert report.counts["jobs run"] == report.counts["committed"] == total
+    assert calls_report.stored == calls
