@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection, transaction
 
+import timeouts
 from tests.isolation import no_limits  # noqa: F401  (a fixture)
 from timeouts import queries
 
@@ -82,6 +83,12 @@ def rows_read(plan):
 def test_the_fair_claim_reads_what_it_claims_whatever_the_backlog(skewed_backlog):
     for generic in (False, True):  # one backlog for both: it takes a while to build
         check_plan(*explain(queries.QUERIES["claim_due"], PARAMS, generic=generic))
+    # A dispatcher whose claim left only held-back tasks due: when may the next be claimed?
+    timeouts.pause("test.fail")
+    timeouts.set_limits("test.record", rate_limit=1, concurrency=3)
+    for generic in (False, True):
+        plan, _ = explain(queries.QUERIES["claimable_deadline"], {"concurrency_poll": 0.15}, generic=generic)
+        assert rows_read(plan["Plan"]) < 100, json.dumps(plan, indent=1)
 
 
 def check_plan(plan, jit_above_cost):

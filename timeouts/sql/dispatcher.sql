@@ -42,9 +42,10 @@ deadlines AS (
            h.concurrency, nearest.run_at
     FROM pending_types AS p
     CROSS JOIN LATERAL (
+        -- A range and an order that only the (biz_type, run_at) index can serve (see claim_due).
         SELECT t.run_at FROM timeouts_task AS t
-        WHERE t.status = :PENDING AND t.biz_type = p.biz_type
-        ORDER BY t.run_at LIMIT 1
+        WHERE t.status = :PENDING AND t.biz_type BETWEEN p.biz_type AND p.biz_type
+        ORDER BY t.biz_type, t.run_at LIMIT 1
     ) AS nearest
     LEFT JOIN held AS h USING (biz_type)
     WHERE p.biz_type <> ''

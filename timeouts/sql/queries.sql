@@ -147,9 +147,11 @@ pending_types AS (
     FROM pending_types AS p
     WHERE p.biz_type IS NOT NULL
 ),
--- Those with a due task, and their oldest one: a probe of the due partitions each. The row
--- comparison bounds the scan in the (biz_type, run_at) index; only that index can serve it (not
--- the run_at one, which would read the other biz_types' due tasks), whatever the statistics say.
+-- Those with a due task, and their oldest one: a probe of the due partitions each. The biz_type is
+-- matched by a range, `biz_type >= x AND (biz_type, run_at) <= (x, due_by)`, which only the
+-- (biz_type, run_at) index can bound, in that index's order: whatever the statistics say, the
+-- run_at index is never taken, which would read the other biz_types' due tasks to find these
+-- (with `biz_type = x`, PostgreSQL would treat biz_type as a constant and order by run_at alone).
 -- Implied by run_at >= action_time, action_time <= due_by is spelled out so future partitions
 -- are pruned.
 due_types AS (
@@ -157,10 +159,10 @@ due_types AS (
     FROM pending_types AS p
     CROSS JOIN LATERAL (
         SELECT t.run_at FROM timeouts_task AS t
-        WHERE t.status = :PENDING AND t.biz_type = p.biz_type
+        WHERE t.status = :PENDING AND t.biz_type >= p.biz_type
           AND (t.biz_type, t.run_at) <= (p.biz_type, (SELECT due_by FROM clock))
           AND t.action_time <= (SELECT due_by FROM clock)
-        ORDER BY t.run_at LIMIT 1
+        ORDER BY t.biz_type, t.run_at LIMIT 1
     ) AS oldest
     WHERE p.biz_type <> ''
 ),
@@ -236,10 +238,10 @@ first_round AS (
     FROM shares AS s CROSS JOIN LATERAL (
         SELECT t.job_id, t.action_time, t.tableoid, t.ctid, t.run_at
         FROM timeouts_task AS t
-        WHERE t.status = :PENDING AND t.biz_type = s.biz_type
+        WHERE t.status = :PENDING AND t.biz_type >= s.biz_type
           AND (t.biz_type, t.run_at) <= (s.biz_type, (SELECT due_by FROM clock))
           AND t.action_time <= (SELECT due_by FROM clock)
-        ORDER BY t.run_at
+        ORDER BY t.biz_type, t.run_at
         LIMIT s.share
         FOR UPDATE SKIP LOCKED
     ) AS c
@@ -268,10 +270,10 @@ second_round AS (
     FROM hungry AS h CROSS JOIN LATERAL (
         SELECT t.job_id, t.action_time, t.tableoid, t.ctid, t.run_at
         FROM timeouts_task AS t
-        WHERE t.status = :PENDING AND t.biz_type = h.biz_type
+        WHERE t.status = :PENDING AND t.biz_type >= h.biz_type
           AND (t.biz_type, t.run_at) <= (h.biz_type, (SELECT due_by FROM clock))
           AND t.action_time <= (SELECT due_by FROM clock)
-        ORDER BY t.run_at
+        ORDER BY t.biz_type, t.run_at
         LIMIT h.share + h.extra
         FOR UPDATE SKIP LOCKED
     ) AS c
