@@ -409,14 +409,14 @@ def _biz_type_lines(rows):
     lines = [f"Biz types: limits in force, pause, overdue tasks (exact up to {OVERDUE_LIMIT:,}, then estimated):"]
     width = max([len(r["biz_type"]) for r in rows] + [8])
     for r in rows:
-        rate = "none" if r["rate_limit"] is None else f"{r['rate_limit']:g}/s"
-        concurrency = "none" if r["concurrency"] is None else f"{r['concurrency']:g}"
+        rate = "none" if r["rate_limit"] is None else f"{r['rate_limit']:.15g}/s"
+        concurrency = "none" if r["concurrency"] is None else str(r["concurrency"])
         overdue = str(Count(r["overdue"], r["overdue_exact"]))
         line = (f"  {r['biz_type']:<{width}} {'paused' if r['paused'] else 'running':<7}  rate_limit {rate:<9} "
                 f"concurrency {concurrency:<6} overdue {overdue:>9}")
         if r["overridden"]:
-            own = ("none" if r["handler_rate_limit"] is None else f"{r['handler_rate_limit']:g}/s",
-                   "none" if r["handler_concurrency"] is None else f"{r['handler_concurrency']:g}")
+            own = ("none" if r["handler_rate_limit"] is None else f"{r['handler_rate_limit']:.15g}/s",
+                   "none" if r["handler_concurrency"] is None else str(r["handler_concurrency"]))
             line += f"  (set_limits(); the handler's: rate_limit {own[0]}, concurrency {own[1]})"
         lines.append(line)
     if not rows:
