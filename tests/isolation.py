@@ -1,4 +1,4 @@
-"""Helpers of the business isolation tests (limits, pauses, fair claiming)."""
+"""What the business isolation tests share (limits, pauses, fair claiming)."""
 
 import pytest
 from django.db import connection
