@@ -33,6 +33,8 @@ MIGRATED = {
     "0003_admin_indexes_reverse.sql": "000992dba08be07a59ecfe400746ee41cdffe4e40445e7118c1d2cb0f4fc059c",
     "0004_task_results.sql": "7ea7f291901f773430a8f8ff12c673545b34c60183b58836d7c67b7f1eaf5d64",
     "0004_task_results_reverse.sql": "90e27394f99495c48865f52ca0b67123424e6cb23cf99f1545f470519b4b8b0f",
+    "0005_limits.sql": "5aab8ed185b3088801adb4759d5c079a82dbb1601ef4fe8978e59f5bfa0ccafd",
+    "0005_limits_reverse.sql": "97bdcb154b1ba8e5063d4937ce5f316cc6c545e3e3111cfe9109a91d2a41b93d",
 }
 
 
