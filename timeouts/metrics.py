@@ -15,8 +15,9 @@ counts are the planner's estimates):
 
 and per biz_type (every one the deployment knows: its handlers, the biz_types with tasks waiting
 or with limits stored): timeouts_biz_type_overdue_tasks (exact up to 10,000, then estimated),
-timeouts_paused (1 while paused), timeouts_rate_limit (handler starts per second) and
-timeouts_concurrency_limit (tasks running at once), the last two only where a limit is in force.
+timeouts_biz_type_running_tasks, timeouts_paused (1 while paused), timeouts_rate_limit (handler
+starts per second) and timeouts_concurrency_limit (tasks running at once), the last two only where
+a limit is in force.
 
 Events happen in many processes: web processes schedule and cancel, Celery worker processes (the
 prefork pool's children) claim, run and finish, dispatchers claim. Counting in each process's
@@ -119,6 +120,8 @@ class DatabaseCollector:
                            lambda b: b.limits.rate_limit),
             "concurrency_limit": ("Tasks of the biz_type allowed to run at once, in force (absent: no limit).",
                                   lambda b: b.limits.concurrency),
+            "biz_type_running_tasks": ("RUNNING tasks of the biz_type (exact up to 10,000 claimed or running).",
+                                       lambda b: b.running.value),
         }
         for name, (help_text, value_of) in families.items():
             family = GaugeMetricFamily(f"{PREFIX}{name}", help_text, labels=["biz_type"])

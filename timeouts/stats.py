@@ -252,6 +252,7 @@ class BizType:
     sources: tuple[str, ...]  # why it is listed: "handler", "DurableTask", "waiting", "limits"
     limits: BizTypeLimits
     overdue: Count
+    running: Count
 
 
 def biz_types(now, *, using=DEFAULT_DB_ALIAS) -> list[BizType]:
@@ -266,7 +267,17 @@ def biz_types(now, *, using=DEFAULT_DB_ALIAS) -> list[BizType]:
             sources.setdefault(name, []).append(source)
     names = sorted(sources)
     overdue = overdue_by_biz_type(names, now, using=using)
-    return [BizType(name, tuple(sources[name]), _limits(name, stored.get(name)), overdue[name]) for name in names]
+    running, exact = running_by_biz_type(using=using)
+    return [BizType(name, tuple(sources[name]), _limits(name, stored.get(name)), overdue[name],
+                    Count(running.get(name, 0), exact)) for name in names]
+
+
+def running_by_biz_type(*, limit=None, using=DEFAULT_DB_ALIAS) -> tuple[dict[str, int], bool]:
+    """RUNNING tasks per biz_type, and whether the counts are exact: they are while at most
+    `limit` tasks are claimed or running in all, else lower bounds."""
+    limit = limit or OVERDUE_LIMIT
+    rows = fetch_dicts("running_by_biz_type", {"limit": limit}, using=connections[using])
+    return {row["biz_type"]: row["running"] for row in rows}, not rows or rows[0]["read"] < limit
 
 
 def _limits(biz_type, row) -> BizTypeLimits:
@@ -358,7 +369,8 @@ def report(*, exact=False, minutes=15, using=DEFAULT_DB_ALIAS) -> dict:
         "default_partition": {"rows": default.value, "exact": default.exact},
         "lateness": lateness(minutes, using),
         "biz_types": [{"biz_type": b.name, "sources": list(b.sources), **vars(b.limits),
-                       "overdue": b.overdue.value, "overdue_exact": b.overdue.exact}
+                       "overdue": b.overdue.value, "overdue_exact": b.overdue.exact,
+                       "running": b.running.value, "running_exact": b.running.exact}
                       for b in biz_types(now, using=using)],
         "partitions": partition_sizes(using),
     }
@@ -406,14 +418,16 @@ def format_report(data) -> str:
 
 
 def _biz_type_lines(rows):
-    lines = [f"Biz types: limits in force, pause, overdue tasks (exact up to {OVERDUE_LIMIT:,}, then estimated):"]
+    lines = [f"Biz types: limits in force, pause, running tasks, overdue tasks (exact up to {OVERDUE_LIMIT:,}, "
+             "then estimated):"]
     width = max([len(r["biz_type"]) for r in rows] + [8])
     for r in rows:
         rate = "none" if r["rate_limit"] is None else f"{r['rate_limit']:.15g}/s"
         concurrency = "none" if r["concurrency"] is None else str(r["concurrency"])
         overdue = str(Count(r["overdue"], r["overdue_exact"]))
+        running = str(Count(r["running"], r["running_exact"]))
         line = (f"  {r['biz_type']:<{width}} {'paused' if r['paused'] else 'running':<7}  rate_limit {rate:<9} "
-                f"concurrency {concurrency:<6} overdue {overdue:>9}")
+                f"concurrency {concurrency:<6} running {running:>6} overdue {overdue:>9}")
         if r["overridden"]:
             own = ("none" if r["handler_rate_limit"] is None else f"{r['handler_rate_limit']:.15g}/s",
                    "none" if r["handler_concurrency"] is None else str(r["handler_concurrency"]))

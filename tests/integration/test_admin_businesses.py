@@ -140,6 +140,7 @@ def test_the_page_shows_counts_and_charts(viewer):
     html = response.content.decode()
     assert html.count("<svg class=\"timeouts-chart ") == 2 * len(response.context["rows"])
     assert "?biz_type=test.record&amp;due=overdue" in html
+    assert "0 running" in html
     assert "<script" not in html.split('id="content-main"')[1]
 
 

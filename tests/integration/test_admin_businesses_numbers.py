@@ -12,8 +12,11 @@ from django.urls import path
 from prometheus_client.parser import text_string_to_metric_families
 
 import timeouts
+from tests.factories import make_task
 from timeouts import metrics, operations, registry, stats
 from timeouts.models import TimeoutTask
+
+Status = TimeoutTask.Status
 
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(60)]
 urlpatterns = [path("metrics/timeouts", metrics.metrics_view)]
@@ -21,13 +24,15 @@ urlpatterns = [path("metrics/timeouts", metrics.metrics_view)]
 
 @pytest.fixture
 def limited():
-    """test.limited declares limits; test.fail has an override and test.slow is paused; test.record
-    has two overdue tasks."""
+    """test.limited declares limits; test.fail has an override and test.slow is paused, with a task
+    running and one dispatched; test.record has two overdue tasks."""
     registry.handler("test.limited", rate_limit=5, concurrency=2)(limited)
     timeouts.set_limits("test.fail", rate_limit=10, concurrency=None)
     timeouts.pause("test.slow")
     for i in range(2):
         TimeoutTask.objects.schedule("test.record", i, at=datetime.now(UTC) - timedelta(minutes=1))
+    make_task(Status.RUNNING, biz_type="test.slow", biz_id="running")
+    make_task(Status.DISPATCHED, biz_type="test.slow", biz_id="dispatched")
     yield
     registry.unregister("test.limited")
 
@@ -40,6 +45,7 @@ def test_biz_types_say_what_timeouts_limits_says(limited):
             in_force.rate_limit, in_force.concurrency, in_force.paused)
     assert found["test.fail"].limits.overridden and found["test.fail"].sources == ("handler", "limits")
     assert found["test.record"].overdue == stats.Count(2, True)
+    assert found["test.slow"].running == stats.Count(1, True) and found["test.record"].running == stats.Count(0, True)
     assert found["test.record"].sources == ("handler", "waiting")
 
 
@@ -52,6 +58,7 @@ def test_timeouts_stats_lists_limits_pause_and_overdue(limited):
     assert "rate_limit 10/s" in lines["test.fail"]
     assert "(set_limits(); the handler's: rate_limit none, concurrency none)" in lines["test.fail"]
     assert lines["test.record"].split()[-1] == "2"
+    assert "running      1" in lines["test.slow"]
 
     out = io.StringIO()
     call_command("timeouts_stats", "--json", stdout=out)
@@ -59,7 +66,7 @@ def test_timeouts_stats_lists_limits_pause_and_overdue(limited):
     assert rows["test.fail"] | {"sources": None} == {
         "biz_type": "test.fail", "sources": None, "rate_limit": 10.0, "concurrency": None, "paused": False,
         "handler_rate_limit": None, "handler_concurrency": None, "overridden": True, "overdue": 0,
-        "overdue_exact": True}
+        "overdue_exact": True, "running": 0, "running_exact": True}
 
 
 @override_settings(ROOT_URLCONF=__name__)
@@ -74,3 +81,4 @@ def test_the_gauges_per_biz_type(limited, client):
     assert ("timeouts_concurrency_limit", "test.fail") not in samples  # no limit
     assert samples[("timeouts_biz_type_overdue_tasks", "test.record")] == 2.0
     assert samples[("timeouts_biz_type_overdue_tasks", "test.fail")] == 0.0
+    assert samples[("timeouts_biz_type_running_tasks", "test.slow")] == 1.0

@@ -95,6 +95,7 @@ def params(name, biz_type="order.close", limit=SMALL):
     now = operations.database_now()
     return {
         "waiting_biz_types": {"limit": stats.BIZ_TYPES_LIMIT},
+        "running_by_biz_type": {"limit": limit},
         "count_overdue_of_biz_type": {"now": now, "biz_type": biz_type, "limit": limit},
         "due_soon_of_biz_type": {"now": now, "biz_type": biz_type, "window": timedelta(hours=1), "bucket": 300.0,
                                  "limit": limit},
@@ -111,6 +112,7 @@ PER_BIZ_TYPE = ("count_overdue_of_biz_type", "due_soon_of_biz_type", "recent_lat
 # in partitions where few tasks wait (both partial: they only hold PENDING tasks).
 CASES = {
     "waiting_biz_types": ({"biz_type_run_at_idx"}, None),
+    "running_by_biz_type": ({"lease_until_idx"}, None),
     "count_overdue_of_biz_type": ({"biz_type_run_at_idx", "_run_at_idx"}, 17),
     "due_soon_of_biz_type": ({"biz_type_run_at_idx", "_run_at_idx"}, 18),
     "recent_lateness_of_biz_type": ({"biz_type_action_time_idx", "action_time_idx"}, 2),
@@ -164,10 +166,10 @@ def test_every_query_of_the_page_uses_indexes_and_is_bounded(admin_client, small
     response = admin_client.get(URL)
     shown = [row.biz_type for row in response.context["rows"]]
     assert set(BIZ_TYPES) <= set(shown)
-    # the biz_types, then the overdue count, due soon and lateness of each (and the planner's
-    # estimate of the overdue ones above the limit)
+    # the biz_types and the running tasks, then the overdue count, due soon and lateness of each
+    # (and the planner's estimate of the overdue ones above the limit)
     sqls = [sql for sql in captured_sql(admin_client, URL) if not sql.startswith("EXPLAIN")]
-    assert len(sqls) == 1 + 3 * len(shown), sqls
+    assert len(sqls) == 2 + 3 * len(shown), sqls
     for sql in sqls:
         found, _ = scans(explain(sql))
         assert found and not sequential(found), (sql, found)

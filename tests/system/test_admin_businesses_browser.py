@@ -46,13 +46,21 @@ FROM (SELECT g, now() + %(first)s::interval + g * %(step)s::interval AS t,
                  AS late
       FROM generate_series(0, %(n)s - 1) AS g) AS s
 """
+# and three webhooks running now, against their concurrency of 5.
+RUNNING = """
+INSERT INTO timeouts_task (biz_type, biz_id, status, action_time, run_at, attempts, max_attempts, ttr, lease_until,
+                           dispatched_at, started_at)
+SELECT 'webhook.retry', 'running-' || g, %(running)s, now() - interval '2 s', now() - interval '2 s', 1, 5, 60,
+       now() + interval '1 min', now() - interval '2 s', now() - interval '1.9 s'
+FROM generate_series(1, 3) AS g
+"""
 DATA = [  # biz_type, status, n, first due in, seconds between
     ("coupon.expire", Status.PENDING, 1200, "-600 s", 0.5),
     ("coupon.expire", Status.PENDING, 2400, "2400 s", 0.1),
     ("webhook.retry", Status.DONE, 900, "-900 s", 1.0),
-    ("webhook.retry", Status.PENDING, 500, "10 s", 7.0),
+    ("webhook.retry", Status.PENDING, 500, "60 s", 7.0),
     ("email.send", Status.DONE, 1500, "-900 s", 0.6),
-    ("email.send", Status.PENDING, 1200, "5 s", 3.0),
+    ("email.send", Status.PENDING, 1200, "60 s", 3.0),
     ("order.close", Status.DONE, 40, "-900 s", 22.0),
     ("order.close", Status.PENDING, 30, "60 s", 110.0),
 ]
@@ -68,6 +76,7 @@ def shop():
         for biz_type, status, n, first, step in DATA:
             cursor.execute(INSERT, {"biz_type": biz_type, "status": status, "done": Status.DONE, "n": n,
                                     "first": first, "step": f"{step} s"})
+        cursor.execute(RUNNING, {"running": Status.RUNNING})
     yield
     for biz_type in SHOP:
         registry.unregister(biz_type)
@@ -131,6 +140,7 @@ def test_operator_pauses_a_backlog_and_slows_webhooks_down(chromium, shop, serve
             expect(coupons.locator("svg.timeouts-chart-due rect[fill='#1d4ed8']")).to_have_count(12)
             expect(webhooks.locator("svg.timeouts-chart-lateness title").first).to_contain_text("p99")
             expect(webhooks.locator(".timeouts-rate-limit")).to_have_text("20/s")
+            expect(webhooks.locator(".timeouts-running")).to_have_text("3 running")
 
             coupons.locator("button.timeouts-pause").click()
             expect(page.locator("ul.messagelist")).to_contain_text("Biz type coupon.expire: paused.")

@@ -35,6 +35,7 @@ class Row:
     due_soon: stats.Buckets
     lateness: stats.Buckets
     limits: stats.BizTypeLimits
+    running: stats.Count
     changeable: bool
 
     @property
@@ -49,6 +50,10 @@ class Row:
     @property
     def overdue_shown(self):
         return str(self.overdue)  # "1,234", or "~1,234" estimated
+
+    @property
+    def running_shown(self):
+        return _at_least(self.running.value, self.running.exact)
 
     @property
     def due_total(self):
@@ -83,8 +88,8 @@ def rows(using="default"):
     names = [biz_type.name for biz_type in found]
     due = stats.due_soon(names, now, using=using)
     late = stats.recent_lateness(names, now, using=using)
-    return now, [Row(b.name, b.sources, b.overdue, due[b.name], late[b.name], b.limits, control.changeable(b.name))
-                 for b in found]
+    return now, [Row(b.name, b.sources, b.overdue, due[b.name], late[b.name], b.limits, b.running,
+                     control.changeable(b.name)) for b in found]
 
 
 def businesses_view(model_admin, request):

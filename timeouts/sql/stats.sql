@@ -122,6 +122,15 @@ SELECT 1 FROM timeouts_task
 WHERE biz_type = %(biz_type)s AND status = :PENDING AND run_at <= %(now)s AND action_time <= %(now)s;
 
 
+-- name: running_by_biz_type
+-- The RUNNING tasks by biz_type, beside their concurrency limits, from at most `limit` rows of
+-- timeouts_task_lease (partial: it holds only DISPATCHED and RUNNING tasks, which MAX_DISPATCHED
+-- and the workers keep few).
+SELECT biz_type, count(*) FILTER (WHERE status = :RUNNING) AS running, sum(count(*)) OVER ()::bigint AS read
+FROM (SELECT biz_type, status FROM timeouts_task WHERE status IN (:DISPATCHED, :RUNNING) LIMIT %(limit)s) AS s
+GROUP BY biz_type;
+
+
 -- name: due_soon_of_biz_type
 -- The PENDING tasks of one biz_type whose run_at falls in (now, now + window] (first attempts and
 -- retries), the first `limit` of them in run_at order, counted by bucket of `bucket` seconds;
