@@ -113,8 +113,8 @@ def celery_on(url, monkeypatch):
 class _Fresh:
     """The `broker` fixture's interface on a virtual host that was just created."""
 
-    def __init__(self, url):
-        self.url = url
+    def __init__(self, vhost):
+        self.url, self.vhost = vhost.url, vhost.name
 
     def flushdb(self):
         return True
@@ -128,4 +128,4 @@ def rabbitmq(monkeypatch):
         pytest.skip(missing)
     with VirtualHost() as vhost, celery_on(vhost.url, monkeypatch) as app:
         assert app.conf.broker_transport_options.get("confirm_publish") is True
-        yield _Fresh(vhost.url)
+        yield _Fresh(vhost)

@@ -11,10 +11,17 @@ once by RabbitMQ when its connection drops; after the visibility timeout by Redi
 published twice, and a message that waits in the broker while no worker runs.
 """
 
+import json
+
 import pytest
+from amqp.exceptions import MessageNacked
+from kombu.exceptions import OperationalError
 
 from tests.brokers import rabbitmq as broker  # noqa: F401  (the broker of this module's tests)
+from tests.brokers import rabbitmqctl
 from tests.system.test_celery import (  # noqa: F401
+    finished,
+    scan_until,
     test_due_tasks_run_once_on_their_queue_and_never_early,
     test_lease_expiry_redispatches_a_task_whose_worker_was_killed,
 )
@@ -30,3 +37,23 @@ from tests.system.test_durable_task import (  # noqa: F401
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.mark.timeout(60)
+def test_a_message_the_broker_refuses_releases_its_claim_at_once(worker, broker, starts):  # noqa: F811
+    """With publisher confirms, a message RabbitMQ refuses (here its queue is full and rejects
+    publishes) fails the publish: the claim goes back to PENDING at once instead of waiting out its
+    lease, and the task runs, once, when the queue takes messages again."""
+    from timeouts.models import TimeoutTask
+    from timeouts.scan import scan
+
+    full = json.dumps({"max-length": 0, "overflow": "reject-publish"})
+    rabbitmqctl("set_policy", "-p", broker.vhost, "--apply-to", "queues", "full", "^celery$", full)
+    task = TimeoutTask.objects.schedule("test.record", "refused", delay=-1)
+    with pytest.raises(OperationalError) as refused:
+        scan()
+    assert isinstance(refused.value.__cause__, MessageNacked)
+    assert TimeoutTask.objects.get(pk=task.pk).status == TimeoutTask.Status.PENDING
+    rabbitmqctl("clear_policy", "-p", broker.vhost, "full")
+    scan_until(finished(1), 30, "the task, once its queue takes messages")
+    assert [row[0] for row in starts.all()] == [task.job_id]
