@@ -7,7 +7,9 @@ SCENARIOS = ("spread", "burst", "drain", "publish", "schedule", "idle", "default
 DURABLE_SCENARIOS = ("durable_spread", "durable_memory", "durable_restart", "durable_cost")
 # Django's tasks framework through TimeoutsBackend, against django-tasks-db (benchmarks/tasks_backend.py).
 TASKS_SCENARIOS = ("tasks_spread", "tasks_drain", "tasks_enqueue")
-KNOWN_SCENARIOS = SCENARIOS + DURABLE_SCENARIOS + TASKS_SCENARIOS
+# Business isolation: a neighbour's backlog, a rate limit, fair claiming's cost (benchmarks/isolation.py).
+ISOLATION_SCENARIOS = ("isolation_neighbour", "isolation_rate", "isolation_cost")
+KNOWN_SCENARIOS = SCENARIOS + DURABLE_SCENARIOS + TASKS_SCENARIOS + ISOLATION_SCENARIOS
 PATHS = ("scan", "dispatcher", "celery")  # celery = the same no-op body published directly
 PATH_LABELS = {"scan": "scan only", "dispatcher": "dispatcher", "celery": "celery direct"}
 PEER_SYSTEMS = ("naive_ln", "naive_poll", "procrastinate", "celery", "django_tasks")
@@ -20,7 +22,8 @@ SCENARIO_PATHS = {
     "schedule": (),
     "idle": ("scan", "dispatcher"),
     "defaults": (),  # the dispatcher, under two settings modules: its variants are its paths
-    **{name: () for name in DURABLE_SCENARIOS + TASKS_SCENARIOS},  # their variants are their paths
+    # Their variants are their paths.
+    **{name: () for name in DURABLE_SCENARIOS + TASKS_SCENARIOS + ISOLATION_SCENARIOS},
 }
 
 
@@ -44,6 +47,12 @@ class BenchConfig:
     n_tasks_spread: int = 2000  # tasks_spread: Django tasks with run_after over the window
     n_tasks_drain: int = 20000  # tasks_drain: Django tasks ready to run
     n_tasks_enqueue: int = 5000  # tasks_enqueue: enqueue() calls, due in an hour
+    n_backlog: int = 100000  # isolation_neighbour: one biz_type's tasks already due
+    n_isolation_spread: int = 2000  # isolation_neighbour: another's, due over the window
+    n_rate: int = 2000  # isolation_rate: rate-limited tasks due at one instant
+    n_claim: int = 20000  # isolation_cost: the backlog each claim_due claims
+    repo: str = ""  # isolation_cost: the git repository with the previous claim_due (default: the project)
+    claim_sql_commit: str = ""  # isolation_cost: the commit whose claim_due is "previous" (default: found)
     restart_from: float = 30.0  # durable_restart: seconds from the first call to the first due time
     restart_to: float = 60.0  # ... and to the last
     restart_kill_at: float = 40.0  # ... and to the kill -9 of every worker process
@@ -78,7 +87,8 @@ class BenchConfig:
                 problems.append(f"unknown {name}: {', '.join(unknown)} (known: {', '.join(known)})")
         for name in ("repeat", "n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "bulk_chunk", "concurrency",
                      "n_durable_spread", "n_durable_memory", "n_durable_restart", "n_durable_cost",
-                     "n_tasks_spread", "n_tasks_drain", "n_tasks_enqueue"):
+                     "n_tasks_spread", "n_tasks_drain", "n_tasks_enqueue", "n_backlog", "n_isolation_spread",
+                     "n_rate", "n_claim"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
         if self.n_idle < 0:

@@ -21,6 +21,9 @@ NOOP = "benchmarks.noop"  # biz_type of the measured tasks
 PROBE = "benchmarks.probe"  # biz_type of the warm-up tasks sent through a path before measuring
 DIRECT_TASK = "benchmarks.direct"  # the Celery-direct baseline: the same body, no timeouts
 DURABLE_TASK = "benchmarks.durable"  # the same body again, on DurableTask (its eta/countdown calls are rows)
+NEIGHBOUR = "benchmarks.neighbour"  # isolation: the biz_type due beside another's backlog
+LIMITED = "benchmarks.limited"  # isolation: a biz_type with a rate limit
+LIMITED_RATE = 200  # LIMITED's handler starts per second
 WARM_TASK = "benchmarks.warm"  # opens a worker process's connections before measuring
 
 START_TABLE_SQL = """
@@ -65,6 +68,16 @@ def noop(task):
 @timeouts.handler(PROBE)
 def probe(task):
     _connection()
+
+
+@timeouts.handler(NEIGHBOUR)
+def neighbour(task):
+    record(task.job_id, task.attempts, task.action_time, task.started_at)
+
+
+@timeouts.handler(LIMITED, rate_limit=LIMITED_RATE)
+def limited(task):
+    record(task.job_id, task.attempts, task.action_time, task.started_at)
 
 
 @shared_task(name=DIRECT_TASK, ignore_result=True)

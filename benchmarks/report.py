@@ -5,11 +5,12 @@ from pathlib import Path
 
 from .config import PATH_LABELS
 from .durable import LABELS
+from .isolation import LABELS as ISOLATION_LABELS
 from .peers import peer_scenario
 from .stats import summarize
 from .tasks_backend import LABELS as TASKS_LABELS
 
-DURABLE_LABELS = {**LABELS, **TASKS_LABELS}  # the variants of the scenarios that compare two ways
+DURABLE_LABELS = {**LABELS, **TASKS_LABELS, **ISOLATION_LABELS}  # the variants of the scenarios that compare two ways
 
 TIMED_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "early",
                  "sched_per_s", "sched_overrun", "claim_per_s", "start_per_s", "drain_total_s", "cpu_steal_pct")
@@ -30,6 +31,11 @@ DURABLE_METRICS = {
                      "cpu_steal_pct"),
     "tasks_drain": ("start_per_s", "drain_total_s", "missing", "duplicates", "sched_per_s", "cpu_steal_pct"),
     "tasks_enqueue": ("sched_per_s", "cpu_steal_pct"),
+    "isolation_neighbour": ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "early", "backlog_per_s",
+                            "backlog_missing", "backlog_duplicates", "cpu_steal_pct"),
+    "isolation_rate": ("start_span_s", "max_per_1s", "p50_ms", "max_ms", "missing", "duplicates", "early",
+                       "cpu_steal_pct"),
+    "isolation_cost": ("claim_per_s", "cpu_steal_pct"),
 }
 DURABLE_HEADERS = {
     "durable_spread": ["p50 ms", "p90 ms", "p99 ms", "max ms", "missing", "dup", "early", "calls/s", "steal %"],
@@ -40,6 +46,10 @@ DURABLE_HEADERS = {
     "tasks_spread": ["p50 ms", "p90 ms", "p99 ms", "max ms", "missing", "dup", "early", "enqueue/s", "steal %"],
     "tasks_drain": ["starts/s", "drain s", "missing", "dup", "enqueue/s", "steal %"],
     "tasks_enqueue": ["enqueue()/s", "steal %"],
+    "isolation_neighbour": ["spread p50 ms", "p90 ms", "p99 ms", "max ms", "missing", "dup", "early",
+                            "backlog starts/s", "backlog missing", "backlog dup", "steal %"],
+    "isolation_rate": ["starts over s", "most in 1 s", "p50 ms", "max ms", "missing", "dup", "early", "steal %"],
+    "isolation_cost": ["claimed/s", "steal %"],
 }
 DURABLE_TITLES = {
     "durable_spread": "{n_durable_spread:,} calls due over {window:.0f} s, one worker (lateness in ms)",
@@ -50,6 +60,10 @@ DURABLE_TITLES = {
     "tasks_spread": "{n_tasks_spread:,} Django tasks with run_after over {window:.0f} s, through TimeoutsBackend",
     "tasks_drain": "{n_tasks_drain:,} Django tasks ready to run, then the dispatcher starts",
     "tasks_enqueue": "{n_tasks_enqueue:,} enqueue() calls due in an hour, no worker",
+    "isolation_neighbour": ("{n_backlog:,} tasks of one biz_type already due, {n_isolation_spread:,} of another "
+                            "due over {window:.0f} s (lateness of the latter, ms)"),
+    "isolation_rate": "{n_rate:,} tasks due at one instant, rate_limit=200",
+    "isolation_cost": "claim_due alone over {n_claim:,} due tasks of one biz_type, no limits (median of rounds)",
 }
 PEER_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "schedule_per_s", "drain_per_s",
                 "idle_qps", "idle_cpu_pct")

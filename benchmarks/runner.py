@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import defaults, durable, idle, machine, report, scenarios, targets, tasks_backend, throughput
+from . import defaults, durable, idle, isolation, machine, report, scenarios, targets, tasks_backend, throughput
 from .database import BenchDatabase, BenchError
 from .peers import Peers
 from .processes import child_env, dispatcher_available, flush_broker
@@ -118,7 +118,7 @@ def run(cfg, *, settings_module, root, broker_in_use=None) -> dict:
 def _scenario(ctx, scenario, rep, notes) -> list[dict]:
     """Every path of one scenario in one repeat. A failed run is recorded and the bench goes on."""
     cfg, out = ctx.cfg, []
-    if scenario in ("schedule", "defaults", *durable.SCENARIOS, *tasks_backend.SCENARIOS):
+    if scenario in ("schedule", "defaults", *durable.SCENARIOS, *tasks_backend.SCENARIOS, *isolation.SCENARIOS):
         note(f"repeat {rep + 1}/{cfg.repeat}: {scenario}")
         try:
             before = machine.cpu_times()
@@ -126,6 +126,8 @@ def _scenario(ctx, scenario, rep, notes) -> list[dict]:
                 variants = durable.run(ctx, scenario, rep)
             elif scenario in tasks_backend.SCENARIOS:
                 variants = tasks_backend.run(ctx, scenario, rep)
+            elif scenario in isolation.SCENARIOS:
+                variants = isolation.run(ctx, scenario, rep)
             else:
                 variants = (throughput if scenario == "schedule" else defaults).run(ctx, rep)
             steal = machine.steal_pct(before, machine.cpu_times())
@@ -172,6 +174,7 @@ def _finish(result, runs, peer_runs, cfg):
     ratios = targets.ratios(runs, peer_runs)
     ratios.update(durable.ratios(runs))
     ratios.update(tasks_backend.ratios(runs, peer_runs))
+    ratios.update(isolation.ratios(runs))
     schedule = targets.schedule_ratios(runs)
     if schedule:
         ratios.setdefault("schedule", {}).update(schedule)

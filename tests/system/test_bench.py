@@ -127,3 +127,36 @@ def test_django_tasks_backend_tiny_run(tmp_path):
     ratio_targets = [t for t in result["targets"] if "django-tasks-db's" in t["target"]]
     assert len(ratio_targets) == 3 and all(t["ok"] is None for t in ratio_targets)
     assert "TimeoutsBackend" in stdout
+
+
+@pytest.mark.timeout(300)
+def test_business_isolation_tiny_run(tmp_path):
+    result, stdout = run_bench(
+        tmp_path, "--scenarios", "isolation_neighbour,isolation_cost", "--repeat", "1", "--n", "300",
+        "--window", "1", "--lead", "2", timeout=280)
+
+    assert not [note for note in result["notes"] if "failed" in note], result["notes"]
+    runs = {(r["scenario"], r["path"]): r for r in result["runs"]}
+    for variant in ("spread_alone", "together"):
+        run = runs[("isolation_neighbour", variant)]
+        assert run["n"] == run["started"] == 300, run
+        assert run["missing"] == run["duplicates"] == run["early"] == 0, run
+    for variant in ("backlog_alone", "together"):
+        run = runs[("isolation_neighbour", variant)]
+        assert run["backlog_per_s"] > 0 and run["backlog_missing"] == run["backlog_duplicates"] == 0, run
+    for variant in ("current", "previous"):
+        assert runs[("isolation_cost", variant)]["claim_per_s"] > 0
+    assert result["ratios"]["isolation_cost"]["current/previous"]["claim_per_s"]["median"] > 0
+    assert "isolation_neighbour" in stdout
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.xfail(strict=True, reason="a biz_type with a rate_limit and no concurrency limit is never claimed: "
+                                       "claim_due's least(available, greatest(0, NULL)) is 0")
+def test_rate_limit_tiny_run(tmp_path):
+    result, _ = run_bench(tmp_path, "--scenarios", "isolation_rate", "--repeat", "1", "--n", "300", "--lead", "2",
+                          "--drain-timeout", "60", timeout=180)
+
+    rate = {(r["scenario"], r["path"]): r for r in result["runs"]}[("isolation_rate", "limited")]
+    assert rate["n"] == rate["started"] == 300 and rate["missing"] == rate["duplicates"] == rate["early"] == 0, rate
+    assert 1 <= rate["max_per_1s"] <= 300 and rate["start_span_s"] > 0

@@ -9,7 +9,8 @@ from django.test.utils import override_settings
 from benchmarks.config import KNOWN_SCENARIOS, PATHS, PEER_SYSTEMS, BenchConfig
 
 SIZES = ("n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "n_idle", "n_durable_spread", "n_durable_memory",
-         "n_durable_restart", "n_durable_cost", "n_tasks_spread", "n_tasks_drain", "n_tasks_enqueue")
+         "n_durable_restart", "n_durable_cost", "n_tasks_spread", "n_tasks_drain", "n_tasks_enqueue", "n_backlog",
+         "n_isolation_spread", "n_rate", "n_claim")
 
 
 def _names(text):
@@ -43,6 +44,11 @@ class Command(BaseCommand):
             help="durable_restart: seconds until a new worker starts")
         add("--memory-settle", type=float, default=d.memory_settle,
             help="durable_memory: seconds between the last call held and the RSS reading")
+        add("--repo", default="", help="isolation_cost: the git repository to read the previous claim_due from")
+        add("--claim-sql-commit", default="",
+            help="isolation_cost: the commit whose claim_due to compare with (default: the newest that differs)")
+        add("--drain-timeout", type=float, default=d.drain_timeout,
+            help="seconds to wait for a backlog's tasks to start")
         add("--wait-tail", type=float, default=d.wait_tail,
             help="seconds to wait for stragglers after the last due time")
         add("--idle-settle", type=float, default=d.idle_settle)
