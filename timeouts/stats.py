@@ -10,6 +10,9 @@ The table may hold tens of millions of rows, so nothing here counts a large set 
   when it is large, and counts exactly the small, indexed groups (DISPATCHED, RUNNING, DEAD).
 - The rest reads an index from one end (oldest overdue) or the rows of a short time window
   (recent lateness), pruned to the partitions it needs.
+- Per biz_type (`biz_types()`, and the charts of the admin's businesses page): the biz_types with
+  PENDING tasks by a loose index scan, then a few statements per biz_type, each stopping at a row
+  limit: past it, a count is the planner's estimate and a chart says how far it read.
 
 The queries are in sql/stats.sql; the admin's counts are its filters' querysets.
 """
@@ -199,6 +202,7 @@ def seconds(value) -> str:
 BIZ_TYPES_LIMIT = 200  # biz_types read from the table
 OVERDUE_LIMIT = 10_000  # overdue tasks counted per biz_type; above it, the planner's estimate
 PER_BIZ_TYPE_LIMIT = 10_000  # rows each chart reads per biz_type
+RUNNING_LIMIT = 10_000  # claimed and running tasks read, every biz_type's together
 
 
 @dataclass(frozen=True)
@@ -275,7 +279,7 @@ def biz_types(now, *, using=DEFAULT_DB_ALIAS) -> list[BizType]:
 def running_by_biz_type(*, limit=None, using=DEFAULT_DB_ALIAS) -> tuple[dict[str, int], bool]:
     """RUNNING tasks per biz_type, and whether the counts are exact: they are while at most
     `limit` tasks are claimed or running in all, else lower bounds."""
-    limit = limit or OVERDUE_LIMIT
+    limit = limit or RUNNING_LIMIT
     rows = fetch_dicts("running_by_biz_type", {"limit": limit}, using=connections[using])
     return {row["biz_type"]: row["running"] for row in rows}, not rows or rows[0]["read"] < limit
 

@@ -67,7 +67,7 @@ def admin_client(client, dense_data):
 
 @pytest.fixture
 def small_limits(monkeypatch):
-    for name in ("OVERDUE_LIMIT", "PER_BIZ_TYPE_LIMIT"):
+    for name in ("OVERDUE_LIMIT", "PER_BIZ_TYPE_LIMIT", "RUNNING_LIMIT"):
         monkeypatch.setattr(stats, name, SMALL)
 
 
