@@ -13,7 +13,6 @@ from django.db import connection, transaction
 from django.test import override_settings
 
 from tests.testapp import django_tasks as tasks
-from tests.testapp import recorder
 from timeouts import partitions, running
 from timeouts.backends import Cancelled, InvalidTaskArguments, InvalidTaskOptions, LeaseExpired, cancel
 from timeouts.backends.compat import InvalidTask, TaskResultDoesNotExist, TaskResultStatus, task_backends
@@ -33,7 +32,7 @@ def tables(transactional_db):
         cursor.execute(tasks.SIGNALS_TABLE_SQL)
         cursor.execute("TRUNCATE timeouts_test_django_task, timeouts_test_django_signal")
     yield
-    recorder.close()
+    tasks.close()
 
 
 def run_due() -> list[str]:

@@ -19,7 +19,6 @@ from django.db import connection
 from tests import processes
 from tests.system.test_dispatcher import dispatcher_process
 from tests.testapp import django_tasks as tasks
-from tests.testapp import recorder
 from timeouts.backends import LeaseExpired, cancel
 from timeouts.backends.compat import TaskResultStatus
 from timeouts.models import TimeoutTask
@@ -37,7 +36,7 @@ def tables(transactional_db):
         cursor.execute(tasks.SIGNALS_TABLE_SQL)
         cursor.execute("TRUNCATE timeouts_test_django_task, timeouts_test_django_signal")
     yield
-    recorder.close()
+    tasks.close()
 
 
 def runs():
@@ -141,7 +140,7 @@ def test_a_true_cancel_racing_the_due_time_never_runs(worker):
         # Every other task, just before, at or after its due time: while it is claimed, published,
         # started; and well after it, so that some cancels lose however slow the machine is. In the
         # order of those moments, so one cancel's wait does not delay the next.
-        offsets = [-0.03, -0.01, 0.0, 0.005, 0.01, 0.03, 0.1, 0.5]
+        offsets = [-0.03, -0.01, 0.0, 0.005, 0.01, 0.03, 0.1, 0.5, 1.5]
         moments = sorted((due[i] + timedelta(seconds=offsets[n % len(offsets)]), i)
                          for n, i in enumerate(range(0, len(results), 2)))
         for moment, i in moments:

@@ -1,14 +1,15 @@
 """Tasks of Django's tasks framework for the tests of timeouts.backends.TimeoutsBackend. The
-recording ones write each start (result id, attempt, worker, database clock) on the recorder's own
-connection, so a start leaves its trace whatever happens to the worker afterwards."""
+recording ones write each start (result id, attempt, worker, database clock), and the receivers
+each signal, on a connection of their own, so a start leaves its trace whatever happens to the
+worker afterwards."""
 
 import asyncio
 import os
 import time
 
+import psycopg
+from django.db import connection
 from psycopg.types.json import Jsonb
-
-from .recorder import _connection
 
 try:
     from django.tasks import task
@@ -16,6 +17,30 @@ try:
 except ImportError:  # Django 5.2: the backport
     from django_tasks import task
     from django_tasks.signals import task_enqueued, task_finished, task_started
+
+_conn = None
+
+
+def _connection():
+    """A connection of its own (autocommit, as the recorder's), which does not wait for the WAL
+    flush at each commit: a killed worker loses nothing (only a crash of PostgreSQL would), and a
+    task's start is not delayed by the test's own bookkeeping on a busy disk."""
+    global _conn
+    if _conn is None or _conn.closed or _conn.broken:
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        _conn = psycopg.connect(**params, autocommit=True)
+        _conn.execute("SET synchronous_commit = off")
+    return _conn
+
+
+def close():
+    global _conn
+    if _conn is not None:
+        _conn.close()
+        _conn = None
+
 
 RUNS_TABLE_SQL = """
 CREATE TABLE IF NOT EXISTS timeouts_test_django_task (
