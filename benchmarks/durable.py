@@ -6,8 +6,8 @@ each repeat, the order alternating with the repeat.
 - durable_memory: N calls due in an hour; the worker's RSS (main process and pool processes)
   once it holds what it will hold, against an idle worker.
 - durable_restart: N calls due 30-60 s ahead; at 40 s every worker process is killed -9, and a
-  new worker starts 5 s later. Lost, duplicated and late calls; the outage lasts from the kill to
-  the new worker's first start.
+  new worker starts 5 s later. Calls not started (and of them, those still waiting to run),
+  duplicated and late calls; the outage lasts from the kill to the new worker's first start.
 - durable_cost: N `apply_async(countdown=3600)` calls per second, with no worker.
 
 DurableTask needs its dispatcher (and, to find the calls of a worker that died, the scan: beat's
@@ -159,19 +159,37 @@ def _restart(ctx, procs, variant, rep) -> dict:
     restarted_at = time.time()
     procs.worker(app=cfg.celery_app, concurrency=cfg.concurrency)
     # DurableTask finds a call lost in the dead worker when its lease (DEFAULT_TTR) runs out and a
-    # scan follows; Celery's ETA messages come back after Redis's visibility timeout (an hour).
-    tail = cfg.wait_tail + (_default_ttr() + 2 * cfg.scan_interval if variant == "durable" else 0.0)
+    # scan follows, and runs every stored call however long the backlog: wait for all of them (up
+    # to drain_timeout). Celery's ETA messages held by the dead worker come back after Redis's
+    # visibility timeout (an hour): the bench does not wait for that.
+    tail = max(cfg.drain_timeout, _default_ttr() + 2 * cfg.scan_interval) if variant == "durable" else cfg.wait_tail
     wait = max(expected.values()).timestamp() - time.time() + tail
     wait_for_starts(ctx.conn, n, deadline=time.monotonic() + wait, check=procs.check,
                     label=f"durable_restart {variant}: started")
     starts = stats.direct_starts(ctx.conn)
     out = _clean(stats.analyze(expected, starts))
+    out["waiting"] = _waiting(ctx, variant)
     back = min((at.timestamp() for _, at in starts if at.timestamp() > restarted_at), default=time.time())
     out.update(_late(expected, starts, killed_at, back))
     out.update(killed_after_s=round(killed_at - calls_began, 1), down_s=round(restarted_at - killed_at, 1),
                outage_s=round(back - killed_at, 1),
                waited_s=round(time.time() - calls_began, 1))
     return out
+
+
+def _waiting(ctx, variant) -> int:
+    """Calls that have not run but still will: DurableTask's rows not yet ended, or the messages
+    Redis holds unacknowledged for the dead worker (redelivered after the visibility timeout)."""
+    if variant == "durable":
+        return ctx.conn.execute("SELECT count(*) FROM timeouts_task WHERE biz_type = %s AND finished_at IS NULL",
+                                (biz_type_for(DURABLE_TASK),)).fetchone()[0]
+    import redis
+
+    client = redis.Redis.from_url(ctx.cfg.broker_url)
+    try:
+        return client.hlen(REDIS_UNACKED)
+    finally:
+        client.close()
 
 
 def _late(expected, starts, outage_from, outage_to) -> dict:

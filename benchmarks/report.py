@@ -24,7 +24,7 @@ DURABLE_METRICS = {
     "durable_spread": ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "early", "sched_per_s",
                        "cpu_steal_pct"),
     "durable_memory": ("rss_mb", "dispatcher_rss_mb", "stored", "sched_per_s", "cpu_steal_pct"),
-    "durable_restart": ("missing", "duplicates", "early", "late", "late_in_outage", "late_outside_outage",
+    "durable_restart": ("missing", "waiting", "duplicates", "early", "late", "late_in_outage", "late_outside_outage",
                         "due_in_outage", "outage_s", "p50_ms", "p99_ms", "max_ms", "cpu_steal_pct"),
     "durable_cost": ("sched_per_s", "cpu_steal_pct"),
     "tasks_spread": ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "early", "sched_per_s",
@@ -40,7 +40,8 @@ DURABLE_METRICS = {
 DURABLE_HEADERS = {
     "durable_spread": ["p50 ms", "p90 ms", "p99 ms", "max ms", "missing", "dup", "early", "calls/s", "steal %"],
     "durable_memory": ["worker RSS MB", "dispatcher RSS MB", "rows", "calls/s", "steal %"],
-    "durable_restart": ["lost", "dup", "early", "late > 1 s", "of them due in the outage", "late outside it",
+    "durable_restart": ["not started", "of them still to run", "dup", "early",
+                        "late > 1 s", "of them due in the outage", "late outside it",
                         "due in the outage", "outage s", "p50 ms", "p99 ms", "max ms", "steal %"],
     "durable_cost": ["apply_async(countdown=3600)/s", "steal %"],
     "tasks_spread": ["p50 ms", "p90 ms", "p99 ms", "max ms", "missing", "dup", "early", "enqueue/s", "steal %"],
