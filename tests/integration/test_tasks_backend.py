@@ -341,6 +341,17 @@ def test_a_result_past_retention_says_it_expired():
             tasks.add.get_result(result.id)
 
 
+def test_a_failed_task_an_operator_discards_says_so():
+    result = tasks.fail.enqueue("discarded")
+    run_due()
+    [row] = rows()
+    assert row.cancel()  # the admin's cancel of a DEAD task
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class for e in result.errors] == [ValueError, Cancelled]
+    assert "discarded" in result.errors[-1].traceback
+
+
 def test_a_requeued_task_is_found_by_its_first_id():
     result = tasks.fail.enqueue("once")
     run_due()

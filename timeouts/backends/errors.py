@@ -21,4 +21,5 @@ class LeaseExpired(Exception):  # noqa: N818  (named as the result shows it: wha
 
 
 class Cancelled(Exception):  # noqa: N818
-    """The task was cancelled (timeouts.backends.cancel, or an operator) before it started."""
+    """The task was cancelled (timeouts.backends.cancel, or an operator) before it started, or an
+    operator discarded it after every attempt failed."""

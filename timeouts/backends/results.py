@@ -97,7 +97,8 @@ def task_errors(row, stored=None) -> list:
     while len(errors) < failed_attempts:
         errors.append(TaskError(exception_class_path=_path(LeaseExpired), traceback=row["last_error"] or ""))
     if status == Status.CANCELLED:
-        errors.append(TaskError(exception_class_path=_path(Cancelled), traceback="cancelled before it started"))
+        why = "cancelled before it started" if not row["attempts"] else "discarded after its last attempt failed"
+        errors.append(TaskError(exception_class_path=_path(Cancelled), traceback=why))
     return errors
 
 
