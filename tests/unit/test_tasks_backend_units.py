@@ -28,7 +28,8 @@ def test_a_result_id_holds_an_aware_datetime_in_any_zone():
     assert result_id(1, local) == result_id(1, moment)
 
 
-@pytest.mark.parametrize("bad", ["", "12", "a-b", "1-2-3", "1.5-2", None, "99-" + "9" * 40])
+@pytest.mark.parametrize("bad", ["", "12", "a-b", "1-2-3", "1.5-2", None, "99-" + "9" * 40, f"{2**63}-1", "0-1",
+                                 "-5-1"])
 def test_what_is_no_result_id_does_not_exist(bad):
     with pytest.raises(TaskResultDoesNotExist, match="not a result id"):
         parse_result_id(bad)

@@ -35,6 +35,8 @@ def parse_result_id(value) -> dict:
     """The row's key, {"job_id", "action_time"}; TaskResultDoesNotExist for what is no id of ours."""
     try:
         job_id, micros = (int(part) for part in str(value).split("-", 1))  # a time before 1970 is negative
+        if not 0 < job_id < 2**63:  # a bigint
+            raise ValueError(job_id)
         return {"job_id": job_id, "action_time": EPOCH + timedelta(microseconds=micros)}
     except (ValueError, OverflowError):
         raise TaskResultDoesNotExist(
