@@ -16,7 +16,8 @@ def cancel(result_id) -> bool:
     """Cancel the task of `result_id` (a TaskResult or its id) if it has not started: True means it
     never runs, and its result reads FAILED (errors end with `timeouts.backends.Cancelled`). False:
     it has started (or ended), or there is no such task. Inside `transaction.atomic()` the cancel
-    is part of that transaction."""
+    is part of that transaction. What is no result id of this backend at all raises
+    TaskResultDoesNotExist."""
     result_id = getattr(result_id, "id", result_id)
     key = results.parse_result_id(result_id)
     connection = connections[DEFAULT_DB_ALIAS]
