@@ -111,8 +111,11 @@ def store(count, first, window):
     for offset in range(0, count, CHUNK):
         ids = []
         with transaction.atomic():
+            # Never due by the time it is stored (a loaded machine stores slowly): a call already due
+            # would go to the broker as Celery sends it, not through its row.
+            soonest = datetime.now(UTC) + timedelta(seconds=1)
             for n in range(offset, min(offset + CHUNK, count)):
-                eta = start + timedelta(seconds=window * n / count)
+                eta = max(start + timedelta(seconds=window * n / count), soonest)
                 ids.append(task.apply_async((n,), eta=eta).id)
         with oracle.cursor() as cursor:  # committed: recorded
             cursor.executemany("INSERT INTO oracle_call (task_id) VALUES (%s)", [(i,) for i in ids])

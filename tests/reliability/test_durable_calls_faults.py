@@ -54,7 +54,7 @@ def test_a_worker_killed_with_ten_thousand_calls_pending_loses_none_and_runs_non
     system.scanner(interval=1)
     system.wait_worker_ready(worker)
     started = time.monotonic()
-    wait_stored(system, spawn_storer(system, count, first=15, window=window), 120)
+    wait_stored(system, spawn_storer(system, count, first=20, window=window), 120)
     stored_s = round(time.monotonic() - started, 1)
 
     wait_for(lambda: call_runs(oracle) >= count // 2, 180, interval=0.2, message="half of the calls to run")

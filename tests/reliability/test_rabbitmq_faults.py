@@ -5,16 +5,17 @@ fall due. Publisher confirms are on (`timeouts.celery.setup()`): a message the n
 fails its publish, and its claim is released and published again once the node is back; a message
 it confirmed was on disk (durable queue, persistent message) and survives both faults. The node
 redelivers the messages a worker had not acknowledged when its connection dropped; stale by then,
-the compare-and-set drops them. No worker dies mid-run here, so the oracle allows no duplicate.
+the compare-and-set drops them. A run may be repeated only if its process died mid-run: Celery kills
+pool processes whose task overran its hard time limit while the node was away (2-6 per run), and a
+worker exited once in 7 runs (Celery 5.7, restarted by the supervisor); none of their runs was
+repeated in those runs.
 
 Sizes follow TIMEOUTS_RELIABILITY_SCALE (1.0: 3,000 tasks scheduled over 40 s, 1,000 calls due over
 60 s, a 20 s stop). Run with -s to see what it observed; the numbers also go to
 var/test-logs/reliability/<test>/numbers.json.
 """
 
-import re
-from pathlib import Path
-
+import psutil
 import pytest
 
 from tests.processes import wait_for
@@ -35,13 +36,14 @@ CALLS_WINDOW = 60.0  # seconds over which the calls fall due: past the stop, int
 # runs, reconnected after the clean stop and then consumed nothing until the AMQP heartbeat (120 s)
 # closed that connection; prefork workers go on within seconds.
 POOL = {"pool": "prefork", "concurrency": 4}
-# Celery's log line for a pool process it killed (a task past its hard time limit).
-KILLED_POOL_PROCESS = re.compile(r"Process '[^']+' pid:(\d+) exited with 'signal 9")
 
 
-def killed_pool_processes(log_dir) -> set:
-    return {int(match[1]) for path in Path(log_dir).glob("worker*.log")
-            for match in KILLED_POOL_PROCESS.finditer(path.read_text(errors="replace"))}
+def gone(oracle) -> set:
+    """The processes that recorded a run (of a task or a call) and are not alive any more: pool
+    processes Celery killed at their task's hard time limit, or a worker that exited. Asked before
+    the workers are stopped, these are the processes that may have died mid-run."""
+    pids = {pid for (pid,) in oracle.conn.execute("SELECT pid FROM oracle_run UNION SELECT pid FROM oracle_call_run")}
+    return {pid for pid in pids if not psutil.pid_exists(pid)}
 
 
 @pytest.fixture
@@ -101,6 +103,7 @@ def test_a_rabbitmq_node_stopped_then_killed_under_load_loses_and_duplicates_not
         wait_stored(system, storer, 300)
         burst.join_checked(600)
         system.wait_until_final(timeout=600)
+        died = gone(oracle)
     finally:
         workers.finish()
     node.wait_drained(120)
@@ -114,18 +117,18 @@ def test_a_rabbitmq_node_stopped_then_killed_under_load_loses_and_duplicates_not
         stop_backlog_done_s=timeline.backlog_done_after("stop_up"), kill_first_run_s=kill_first_run_s,
         kill_backlog_done_s=timeline.backlog_done_after("kill_up"),
         worker_restarts=workers.restarts, worker_exit_codes=workers.exit_codes,
-        pool_processes_killed=len(killed_pool_processes(log_dir)),
+        processes_gone=len(died),
         stale_messages_dropped=system.log_count("timeouts: dropped stale")
         + system.log_count("timeouts: dropped a stale message"),
         dispatcher_publish_failures=system.log_count("timeouts.dispatcher: publishing failed")
         + system.log_count("timeouts.dispatcher: the broker did not take"),
         lateness=timeline.lateness(report),
     )
-    # A run may be repeated only if its worker died mid-run: no worker did here, but Celery may kill
-    # a pool process whose task overran its hard time limit (TTR) while the broker was away.
-    killed = killed_pool_processes(log_dir)
-    assert workers.restarts == 0, f"a worker died ({workers.exit_codes}); no duplicate rule assumes none did"
-    report.assert_clean(max_duplicates=len(killed))
-    calls_report.assert_clean(died_mid_run=killed)
+    # A run may be repeated only if its process died mid-run: Celery may kill a pool process whose
+    # task overran its hard time limit while the node was away, or a worker may exit (the supervisor
+    # starts another). Each of those processes had at most one run in flight.
+    report.assert_clean(max_duplicates=len(died))
+    calls_report.assert_clean(died_mid_run=died)
+    assert len(report.duplicates) + len(calls_report.duplicates) <= len(died)
     assert report.counts["jobs run"] == report.counts["committed"] == total
     assert calls_report.stored == calls
