@@ -1,14 +1,15 @@
 """The system tests whose behaviour depends on the broker, run again on RabbitMQ (Celery's default
-broker) with publisher confirms; test_celery.py, test_dispatcher.py and test_durable_task.py run
-them on Redis.
+broker) with publisher confirms; their own modules (test_celery.py, test_batch_worker_crash.py,
+test_dispatcher.py, test_durable_task.py) run them on Redis.
 
 Each test below is the same function as in its own module, collected here a second time: in this
 module the `broker` fixture, which `worker` builds on, is a RabbitMQ virtual host of the test's own
 (tests/brokers.py). They are the tests of what a broker does differently: publishing (pipelined on
 Redis, one confirmed message at a time on RabbitMQ), routing to a named queue, messages published
 ahead of their due time with a Celery ETA, a killed worker's unacknowledged messages (redelivered at
-once by RabbitMQ when its connection drops; after the visibility timeout by Redis), the same message
-published twice, and a message that waits in the broker while no worker runs.
+once by RabbitMQ when its connection drops; after the visibility timeout by Redis), a batch rejected
+by a dying pool process and delivered again, the same message published twice, and a message that
+waits in the broker while no worker runs.
 """
 
 import json
@@ -19,6 +20,9 @@ from kombu.exceptions import OperationalError
 
 from tests.brokers import rabbitmq as broker  # noqa: F401  (the broker of this module's tests)
 from tests.brokers import rabbitmqctl
+from tests.system.test_batch_worker_crash import (  # noqa: F401
+    test_a_worker_that_dies_inside_a_batch_gets_it_again_and_runs_the_rest_once,
+)
 from tests.system.test_celery import (  # noqa: F401
     finished,
     scan_until,
