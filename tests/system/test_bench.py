@@ -152,8 +152,6 @@ def test_business_isolation_tiny_run(tmp_path):
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.xfail(strict=True, reason="a biz_type with a rate_limit and no concurrency limit is never claimed: "
-                                       "claim_due's least(available, greatest(0, NULL)) is 0")
 def test_rate_limit_tiny_run(tmp_path):
     result, _ = run_bench(tmp_path, "--scenarios", "isolation_rate", "--repeat", "1", "--n", "300", "--lead", "2",
                           "--drain-timeout", "60", timeout=180)
