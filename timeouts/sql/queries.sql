@@ -99,12 +99,15 @@ RETURNING timeouts_task.*, timeouts_notify_v1(%(channel)s, c.now, c.now) AS noti
 -- and pauses of timeouts_limits, skipping rows another claimer or a cancel holds. A claim takes a
 -- lease of the task's TTR; attempts is counted when the handler starts, not here.
 --
--- Times are compared with `clock.due_by`, a value the planner cannot see (an InitPlan), rather
--- than with now() + %(lead)s: the plan then does not depend on the parameters or the clock, and
--- PostgreSQL keeps the generic plan of the prepared claim instead of planning it again for every
--- claim (its partitions times its references to the table: tens of milliseconds). Estimated with
--- defaults, the plan is kept to shapes that read what they return whatever the estimates: LATERAL
--- index scans with LIMIT, and the UPDATE's rows found by ctid. The LIMIT 5000 of the two rounds
+-- The scans that choose tasks compare times with `clock.due_by`, a value the planner cannot see
+-- (an InitPlan), rather than with now() + %(lead)s: their plans then do not depend on the
+-- parameters or the clock, and PostgreSQL keeps the generic plan of the prepared claim instead of
+-- planning it again for every claim (its partitions times its references to the table: tens of
+-- milliseconds). They prune future partitions as they run. The counts and the UPDATE, whose plans
+-- the estimates do not change, prune with now() + %(lead)s when the claim starts, which spares
+-- setting up their scans of future partitions. Estimated with defaults, the plan is kept to
+-- shapes that read what they return whatever the estimates: LATERAL index scans with LIMIT, and
+-- the UPDATE's rows found by ctid. The LIMIT 5000 of the two rounds
 -- never cuts a claim (claiming.MAX_CLAIM) but caps their estimates, whose cost would otherwise
 -- grow with the table and cross jit_above_cost (JIT compiling this plan costs 100+ ms).
 WITH RECURSIVE
@@ -125,7 +128,7 @@ dispatched AS (
     FROM (
         SELECT lease_until, ttr FROM timeouts_task
         -- A claimed task was due when claimed: no future partition can hold one.
-        WHERE status = :DISPATCHED AND action_time <= (SELECT due_by FROM clock)
+        WHERE status = :DISPATCHED AND action_time <= now() + %(lead)s * interval '1 second'
         LIMIT %(max_dispatched)s
     ) AS capped
 ),
@@ -192,7 +195,7 @@ locked AS (
 -- recovery gives it back (the scan's first step), a handler that outlives its lease until it ends.
 in_flight AS (
     SELECT biz_type, count(*) AS n FROM timeouts_task
-    WHERE status IN (:DISPATCHED, :RUNNING) AND action_time <= (SELECT due_by FROM clock)
+    WHERE status IN (:DISPATCHED, :RUNNING) AND action_time <= now() + %(lead)s * interval '1 second'
       AND biz_type IN (SELECT biz_type FROM limited WHERE concurrency IS NOT NULL)
     GROUP BY biz_type
 ),
@@ -307,7 +310,7 @@ claimed AS (
       AND t.tableoid = due.tableoid AND t.ctid = due.ctid AND t.job_id = due.job_id
       AND t.action_time = due.action_time
       -- Repeated for the UPDATE's own scan, so it too skips future partitions.
-      AND t.action_time <= (SELECT due_by FROM clock)
+      AND t.action_time <= now() + %(lead)s * interval '1 second'
     -- The partition that holds the row: the worker's start and DONE run on it (queries.py, ON_PARTITION).
     -- A stored Celery call (celery_calls.py) comes with its attribute, the call its message is made of;
     -- a handler's task, without.
