@@ -83,10 +83,15 @@ def rows_read(plan):
 def test_the_fair_claim_reads_what_it_claims_whatever_the_backlog(skewed_backlog):
     for generic in (False, True):  # one backlog for both: it takes a while to build
         check_plan(*explain(queries.QUERIES["claim_due"], PARAMS, generic=generic))
-    # A dispatcher whose claim left only held-back tasks due: when may the next be claimed?
+    # With limits: the claim counts the running tasks, and a dispatcher whose claim left only
+    # held-back tasks due asks when the next may be claimed.
     timeouts.pause("test.fail")
-    timeouts.set_limits("test.record", rate_limit=1, concurrency=3)
+    timeouts.set_limits("test.record", rate_limit=1000, concurrency=300)
     for generic in (False, True):
+        plan, jit_above_cost = explain(queries.QUERIES["claim_due"], PARAMS, generic=generic)
+        assert plan["Plan"]["Actual Rows"] == 300
+        assert rows_read(plan["Plan"]) < 5 * 500, json.dumps(plan, indent=1)
+        assert plan["Plan"]["Total Cost"] < jit_above_cost
         plan, _ = explain(queries.QUERIES["claimable_deadline"], {"concurrency_poll": 0.15}, generic=generic)
         assert rows_read(plan["Plan"]) < 100, json.dumps(plan, indent=1)
 

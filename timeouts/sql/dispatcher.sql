@@ -17,8 +17,8 @@ SELECT extract(epoch FROM (SELECT min(run_at) FROM timeouts_task WHERE status = 
 -- `concurrency_poll` seconds from now (a task that ends wakes nobody). `held` is false when no
 -- biz_type is limited or paused: then only the tiny limits table is read, and the deadline is NULL.
 -- Read by a dispatcher whose claim left tasks due, so that it sleeps until one may be claimed
--- instead of claiming again and again for nothing. The biz_types with PENDING tasks are stepped
--- through as in claim_due (one probe per partition each).
+-- instead of claiming again and again for nothing. The biz_types with PENDING tasks, and the
+-- oldest of each, are stepped through as in claim_due (one probe per partition each).
 WITH RECURSIVE
 held AS MATERIALIZED (
     SELECT l.biz_type, l.paused, l.tokens, l.refilled_at, f.rate_limit, f.concurrency
@@ -28,26 +28,29 @@ held AS MATERIALIZED (
     WHERE l.paused OR f.rate_limit IS NOT NULL OR f.concurrency IS NOT NULL
 ),
 pending_types AS (
-    SELECT ''::varchar AS biz_type
+    SELECT ''::varchar AS biz_type, NULL::timestamptz AS run_at
     WHERE EXISTS (SELECT FROM held)
     UNION ALL
-    SELECT (SELECT t.biz_type FROM timeouts_task AS t
-            WHERE t.status = :PENDING AND t.biz_type > p.biz_type
-            ORDER BY t.biz_type LIMIT 1)
+    SELECT next.biz_type, next.run_at
     FROM pending_types AS p
-    WHERE p.biz_type IS NOT NULL
+    CROSS JOIN LATERAL (
+        SELECT t.biz_type, t.run_at FROM timeouts_task AS t
+        WHERE t.status = :PENDING AND t.biz_type > p.biz_type
+        ORDER BY t.biz_type, t.run_at LIMIT 1
+    ) AS next
+),
+-- Claimed or running, as claim_due counts them.
+in_flight AS (
+    SELECT biz_type, count(*) AS n FROM timeouts_task
+    WHERE status IN (:DISPATCHED, :RUNNING) AND EXISTS (SELECT FROM held WHERE concurrency IS NOT NULL)
+    GROUP BY biz_type
 ),
 deadlines AS (
     SELECT p.biz_type, h.biz_type IS NOT NULL AS limited, h.paused, h.tokens, h.refilled_at, h.rate_limit,
-           h.concurrency, nearest.run_at
+           h.concurrency, coalesce(f.n, 0) AS in_flight, p.run_at
     FROM pending_types AS p
-    CROSS JOIN LATERAL (
-        -- A range and an order that only the (biz_type, run_at) index can serve (see claim_due).
-        SELECT t.run_at FROM timeouts_task AS t
-        WHERE t.status = :PENDING AND t.biz_type BETWEEN p.biz_type AND p.biz_type
-        ORDER BY t.biz_type, t.run_at LIMIT 1
-    ) AS nearest
     LEFT JOIN held AS h USING (biz_type)
+    LEFT JOIN in_flight AS f USING (biz_type)
     WHERE p.biz_type <> ''
 ),
 claimable AS (
@@ -58,9 +61,7 @@ claimable AS (
             d.run_at,
             CASE WHEN d.rate_limit IS NOT NULL AND d.refilled_at IS NOT NULL AND d.tokens < 1
                  THEN d.refilled_at + (1 - d.tokens) / d.rate_limit * interval '1 second' END,
-            CASE WHEN d.concurrency IS NOT NULL
-                      AND (SELECT count(*) FROM timeouts_task AS t
-                           WHERE t.status IN (:DISPATCHED, :RUNNING) AND t.biz_type = d.biz_type) >= d.concurrency
+            CASE WHEN d.in_flight >= d.concurrency
                  THEN clock_timestamp() + %(concurrency_poll)s * interval '1 second' END)
         END AS at
     FROM deadlines AS d

@@ -136,38 +136,27 @@ budget AS (
     SELECT CASE WHEN saturated THEN 0 ELSE greatest(0, least(%(limit)s, %(max_dispatched)s - n)) END AS n
     FROM dispatched
 ),
--- Every biz_type with PENDING tasks, in any partition: a loose index scan of timeouts_task_due_by_type
--- that steps from one biz_type to the next, one probe per partition each, however many tasks wait
--- (SELECT DISTINCT would read them all). Not limited to due partitions: a condition on action_time
--- is not in the index, and would read every future task of the current partition.
+-- Every biz_type with PENDING tasks, in any partition, with its oldest one: a loose index scan
+-- of timeouts_task_due_by_type that steps from one biz_type to the next, one probe per partition
+-- each, however many tasks wait (SELECT DISTINCT would read them all). Ordered by (biz_type,
+-- run_at) after a range of biz_types, each step is served by that index only, whatever the
+-- statistics say. Not limited to due partitions: a condition on action_time is not in the index,
+-- and would read every future task of the current partition.
 pending_types AS (
-    SELECT ''::varchar AS biz_type  -- before any biz_type
+    SELECT ''::varchar AS biz_type, NULL::timestamptz AS oldest  -- before any biz_type
     WHERE (SELECT n FROM budget) > 0
     UNION ALL
-    SELECT (SELECT t.biz_type FROM timeouts_task AS t
-            WHERE t.status = :PENDING AND t.biz_type > p.biz_type
-            ORDER BY t.biz_type LIMIT 1)
-    FROM pending_types AS p
-    WHERE p.biz_type IS NOT NULL
-),
--- Those with a due task, and their oldest one: a probe of the due partitions each. The biz_type is
--- matched by a range, `biz_type >= x AND (biz_type, run_at) <= (x, due_by)`, which only the
--- (biz_type, run_at) index can bound, in that index's order: whatever the statistics say, the
--- run_at index is never taken, which would read the other biz_types' due tasks to find these
--- (with `biz_type = x`, PostgreSQL would treat biz_type as a constant and order by run_at alone).
--- Implied by run_at >= action_time, action_time <= due_by is spelled out so future partitions
--- are pruned.
-due_types AS (
-    SELECT p.biz_type, oldest.run_at AS oldest
+    SELECT next.biz_type, next.run_at
     FROM pending_types AS p
     CROSS JOIN LATERAL (
-        SELECT t.run_at FROM timeouts_task AS t
-        WHERE t.status = :PENDING AND t.biz_type >= p.biz_type
-          AND (t.biz_type, t.run_at) <= (p.biz_type, (SELECT due_by FROM clock))
-          AND t.action_time <= (SELECT due_by FROM clock)
+        SELECT t.biz_type, t.run_at FROM timeouts_task AS t
+        WHERE t.status = :PENDING AND t.biz_type > p.biz_type
         ORDER BY t.biz_type, t.run_at LIMIT 1
-    ) AS oldest
-    WHERE p.biz_type <> ''
+    ) AS next
+),
+-- Those with a due task.
+due_types AS (
+    SELECT biz_type, oldest FROM pending_types WHERE oldest <= (SELECT due_by FROM clock)
 ),
 -- The limits in force of the due biz_types (timeouts_limits; isolation.py), as this statement's
 -- snapshot sees them, then the rows of the limited ones locked, skipping a row another claimer
@@ -193,10 +182,13 @@ locked AS (
 ),
 -- Claimed or running, whatever their lease: a lost worker's task holds its slot until lease
 -- recovery gives it back (the scan's first step), a handler that outlives its lease until it ends.
+-- Counted for every biz_type, from the lease index (a condition on biz_type would let the admin's
+-- (biz_type, action_time) index read every finished task of the biz_type), and only when a due
+-- biz_type has a concurrency limit.
 in_flight AS (
     SELECT biz_type, count(*) AS n FROM timeouts_task
     WHERE status IN (:DISPATCHED, :RUNNING) AND action_time <= now() + %(lead)s * interval '1 second'
-      AND biz_type IN (SELECT biz_type FROM limited WHERE concurrency IS NOT NULL)
+      AND EXISTS (SELECT FROM limited WHERE concurrency IS NOT NULL)
     GROUP BY biz_type
 ),
 -- How many each due biz_type may have now (NULL: no limit). The rate limit is a token bucket:
@@ -235,16 +227,20 @@ shares AS (
                                     + CASE WHEN a.rank <= budget.n %% a.types THEN 1 ELSE 0 END) AS share) AS q
 ),
 -- Each share, oldest first: the index scan's LIMIT counts only rows it could lock (SKIP LOCKED),
--- so any number of claimers take different tasks.
+-- so any number of claimers take different tasks. The row comparison bounds the scan in the
+-- (biz_type, run_at) index, which no other index can use: the run_at one would read the other
+-- biz_types' due tasks to find these, the admin's (biz_type, action_time) one sort all of theirs.
+-- Implied by run_at >= action_time, action_time <= due_by is spelled out so future partitions
+-- are pruned.
 first_round AS (
     SELECT s.biz_type, c.*
     FROM shares AS s CROSS JOIN LATERAL (
         SELECT t.job_id, t.action_time, t.tableoid, t.ctid, t.run_at
         FROM timeouts_task AS t
-        WHERE t.status = :PENDING AND t.biz_type >= s.biz_type
+        WHERE t.status = :PENDING AND t.biz_type = s.biz_type
           AND (t.biz_type, t.run_at) <= (s.biz_type, (SELECT due_by FROM clock))
           AND t.action_time <= (SELECT due_by FROM clock)
-        ORDER BY t.biz_type, t.run_at
+        ORDER BY t.run_at
         LIMIT s.share
         FOR UPDATE SKIP LOCKED
     ) AS c
@@ -273,10 +269,10 @@ second_round AS (
     FROM hungry AS h CROSS JOIN LATERAL (
         SELECT t.job_id, t.action_time, t.tableoid, t.ctid, t.run_at
         FROM timeouts_task AS t
-        WHERE t.status = :PENDING AND t.biz_type >= h.biz_type
+        WHERE t.status = :PENDING AND t.biz_type = h.biz_type
           AND (t.biz_type, t.run_at) <= (h.biz_type, (SELECT due_by FROM clock))
           AND t.action_time <= (SELECT due_by FROM clock)
-        ORDER BY t.biz_type, t.run_at
+        ORDER BY t.run_at
         LIMIT h.share + h.extra
         FOR UPDATE SKIP LOCKED
     ) AS c
