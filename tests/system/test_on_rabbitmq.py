@@ -40,7 +40,7 @@ from tests.system.test_durable_task import (  # noqa: F401
     test_the_dispatcher_starts_calls_on_time_without_a_scan,
 )
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.rabbitmq]
 
 
 @pytest.mark.timeout(60)
