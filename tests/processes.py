@@ -1,10 +1,12 @@
 """Start and stop real processes for tests: each in its own session, always stopped by PID."""
 
 import os
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -87,3 +89,34 @@ def scanning(interval):
     finally:
         stop.set()
         scanner.join(30)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def admin_server(*, log_name, **env):
+    """runserver on the test database (with `env` over the Django environment) in its own process
+    group, answering its login page; yields its base URL and stops it by PID."""
+    port = free_port()
+    args = [sys.executable, "manage.py", "runserver", "--noreload", "--skip-checks", f"127.0.0.1:{port}"]
+    process = spawn(args, env=django_env(DJANGO_DEBUG="1", **env), log_name=log_name)
+    base = f"http://127.0.0.1:{port}"
+
+    def answering():
+        if process.poll() is not None:
+            raise AssertionError(f"runserver exited with {process.returncode}: see var/test-logs/")
+        try:
+            with urllib.request.urlopen(f"{base}/admin/login/", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_for(answering, timeout=30, interval=0.2, message="runserver")
+        yield base
+    finally:
+        stop(process)

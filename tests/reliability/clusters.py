@@ -18,7 +18,6 @@ PostgreSQL needs root (it runs as the `postgres` user, through runuser) and Post
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,8 @@ import time
 from pathlib import Path
 
 import psycopg
+
+from tests.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PG_BIN = Path(os.environ.get("TIMEOUTS_PG_BIN", "/usr/lib/postgresql/15/bin"))
@@ -38,12 +39,6 @@ def postgres_available() -> bool:
 
 def redis_available() -> bool:
     return Path(REDIS_SERVER).exists()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def migrate(url: str, settings_module="tests.settings"):

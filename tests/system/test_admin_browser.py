@@ -12,9 +12,6 @@ docs/admin.png (the README's picture).
 
 import os
 import shutil
-import socket
-import sys
-import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -43,34 +40,11 @@ def chromium():
     return CHROMIUM
 
 
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def server():
     """runserver on the test database, in its own process group, stopped by PID."""
-    port = free_port()
-    args = [sys.executable, "manage.py", "runserver", "--noreload", "--skip-checks", f"127.0.0.1:{port}"]
-    process = processes.spawn(args, env=processes.django_env(DJANGO_DEBUG="1"), log_name="admin-browser-runserver")
-    base = f"http://127.0.0.1:{port}"
-
-    def answering():
-        if process.poll() is not None:
-            raise AssertionError(f"runserver exited with {process.returncode}: see var/test-logs/")
-        try:
-            with urllib.request.urlopen(f"{base}/admin/login/", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    try:
-        processes.wait_for(answering, timeout=30, interval=0.2, message="runserver")
+    with processes.admin_server(log_name="admin-browser-runserver") as base:
         yield base
-    finally:
-        processes.stop(process)
 
 
 def make(biz_id, status, at, biz_type="test.record", attribute=None, late=0.2):

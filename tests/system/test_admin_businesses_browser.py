@@ -10,8 +10,6 @@ last one also replaces docs/admin-businesses.png (the operations guide's picture
 
 import os
 import shutil
-import sys
-import urllib.request
 
 import pytest
 from django.contrib.admin.models import LogEntry
@@ -20,7 +18,7 @@ from django.db import connection
 
 import timeouts
 from tests import processes
-from tests.system.test_admin_browser import CHROMIUM_ARGS, SCREENSHOTS, chromium, free_port  # noqa: F401
+from tests.system.test_admin_browser import CHROMIUM_ARGS, SCREENSHOTS, chromium  # noqa: F401
 from timeouts import registry
 from timeouts.models import TimeoutTask
 
@@ -85,26 +83,9 @@ def shop():
 @pytest.fixture
 def server():
     """runserver with the shop's settings on the test database, stopped by PID."""
-    port = free_port()
-    args = [sys.executable, "manage.py", "runserver", "--noreload", "--skip-checks", f"127.0.0.1:{port}"]
-    env = processes.django_env(DJANGO_DEBUG="1", DJANGO_SETTINGS_MODULE="tests.businesses.settings")
-    process = processes.spawn(args, env=env, log_name="admin-businesses-runserver")
-    base = f"http://127.0.0.1:{port}"
-
-    def answering():
-        if process.poll() is not None:
-            raise AssertionError(f"runserver exited with {process.returncode}: see var/test-logs/")
-        try:
-            with urllib.request.urlopen(f"{base}/admin/login/", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    try:
-        processes.wait_for(answering, timeout=30, interval=0.2, message="runserver")
+    with processes.admin_server(log_name="admin-businesses-runserver",
+                                DJANGO_SETTINGS_MODULE="tests.businesses.settings") as base:
         yield base
-    finally:
-        processes.stop(process)
 
 
 @pytest.fixture

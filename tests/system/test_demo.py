@@ -13,7 +13,7 @@ import pytest
 from django.conf import settings
 from psycopg import sql
 
-from tests.processes import ROOT
+from tests.processes import ROOT, free_port
 
 SMOKE_DB = "timeouts_demo_smoke"
 
@@ -68,14 +68,6 @@ def smoke_broker(tmp_path):
         yield url, extra
 
 
-def _free_port():
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _run_demo_smoke(env, tmp_path):
     """Runs `bin/demo --smoke` with ENV; returns its output once it passed."""
     demo = subprocess.Popen(
@@ -106,7 +98,7 @@ def _run_demo_smoke(env, tmp_path):
 def _demo_env(tmp_path, **values):
     drop = ("DJANGO_SETTINGS_MODULE", "TIMEOUTS_TEST_DB", "CELERY_BROKER_URL", "TIMEOUTS_BROKER_FOLDER")
     env = {key: value for key, value in os.environ.items() if key not in drop}
-    env.update(TIMEOUTS_PYTHON=sys.executable, TIMEOUTS_DEMO_PORT=str(_free_port()),
+    env.update(TIMEOUTS_PYTHON=sys.executable, TIMEOUTS_DEMO_PORT=str(free_port()),
                TIMEOUTS_DEMO_VAR=str(tmp_path / "demo"), **values)
     return env
 
