@@ -164,8 +164,14 @@ def _restart(ctx, procs, variant, rep) -> dict:
     # visibility timeout (an hour): the bench does not wait for that.
     tail = max(cfg.drain_timeout, _default_ttr() + 2 * cfg.scan_interval) if variant == "durable" else cfg.wait_tail
     wait = max(expected.values()).timestamp() - time.time() + tail
-    wait_for_starts(ctx.conn, n, deadline=time.monotonic() + wait, check=procs.check,
-                    label=f"durable_restart {variant}: started")
+    deadline = time.monotonic() + wait
+    wait_for_starts(ctx.conn, n, deadline=deadline, check=procs.check, label=f"durable_restart {variant}: started")
+    if variant == "durable":  # a call the kill interrupted runs again once its lease runs out: wait for it too
+        try:
+            wait_until(lambda: _waiting(ctx, variant) == 0, max(0.0, deadline - time.monotonic()), procs.check,
+                       "every stored call to end")
+        except TimeoutError:
+            pass  # reported as `waiting`
     starts = stats.direct_starts(ctx.conn)
     out = _clean(stats.analyze(expected, starts))
     out["waiting"] = _waiting(ctx, variant)

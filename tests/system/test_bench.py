@@ -91,10 +91,12 @@ def test_durable_task_against_celery_eta_tiny_run(tmp_path):
     for variant in ("idle", "durable", "celery_eta"):
         assert runs[("durable_memory", variant)]["rss_mb"] > 0
     assert runs[("durable_memory", "durable")]["stored"] == 60
-    # Killed -9 with calls still to come: DurableTask runs every one of them once, never early...
+    # Killed -9 with calls still to come: DurableTask runs every one of them, never early; only a
+    # call running when the worker was killed (at most one per pool process) may run twice...
     restart = runs[("durable_restart", "durable")]
     assert restart["n"] == restart["started"] == 60, restart
-    assert restart["missing"] == restart["duplicates"] == restart["early"] == restart["waiting"] == 0, restart
+    assert restart["missing"] == restart["early"] == restart["waiting"] == 0, restart
+    assert restart["duplicates"] <= 2, restart
     # ...while the ETA messages the dead worker held wait for Redis's visibility timeout.
     eta = runs[("durable_restart", "celery_eta")]
     assert eta["missing"] > 0 and eta["waiting"] > 0, eta
