@@ -206,9 +206,19 @@ class TaskMachine(RuleBasedStateMachine):
         claims = claim_due(limit, lead=lead)
         claimed = {c.job_id for c in claims}
         assert len(claims) == len(claimed) == min(limit, len(claimable)) and claimed <= claimable, (claims, claimable)
-        if claimable - claimed:  # oldest run_at first
-            run_at = dict(sql("SELECT job_id, run_at FROM timeouts_task WHERE job_id = ANY(%s)", [list(claimable)]))
-            assert max(run_at[j] for j in claimed) <= min(run_at[j] for j in claimable - claimed)
+        if claimable - claimed:  # shared fairly among the biz_types, and the oldest of each first
+            rows = sql("SELECT job_id, biz_type, run_at FROM timeouts_task WHERE job_id = ANY(%s)", [list(claimable)])
+            by_type = {}
+            for job_id, biz_type, run_at in rows:
+                by_type.setdefault(biz_type, []).append((run_at, job_id in claimed))
+            share = limit // len(by_type)
+            for biz_type, tasks in by_type.items():
+                taken = [run_at for run_at, was_claimed in tasks if was_claimed]
+                left = [run_at for run_at, was_claimed in tasks if not was_claimed]
+                if taken and left:
+                    assert max(taken) <= min(left), (biz_type, tasks)
+                if left:
+                    assert len(taken) >= share, (biz_type, share, by_type)
         for claim in claims:
             task = self.model[claim.job_id]
             assert (claim.action_time, claim.attempt) == (task.action_time, task.attempts + 1)
@@ -367,7 +377,7 @@ class TaskMachine(RuleBasedStateMachine):
 def test_task_state_machine_against_the_model(starts):
     SEEN.clear()
     run_state_machine_as_test(TaskMachine, settings=settings(
-        max_examples=25, stateful_step_count=25, deadline=None, database=None,
+        max_examples=75, stateful_step_count=25, deadline=None, database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     ))
     # Passing proves little unless the runs went through the states that matter.
