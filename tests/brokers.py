@@ -26,6 +26,7 @@ import uuid
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
+import kombu.pools
 import pytest
 
 RABBITMQ_URL = os.environ.get("TIMEOUTS_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672")
@@ -81,9 +82,10 @@ class VirtualHost:
 
 
 def reset_connections(app):
-    """Drop the app's broker connections, so the next use connects to its broker URL as it is now."""
-    if app._pool is not None:
-        app._pool.force_close_all()
+    """Drop the app's broker connections, so the next use connects to its broker URL as it is now.
+    The pools live in kombu's registry, keyed by broker URL: closed but left there, a pool would be
+    handed back, closed, the next time the app asks for a connection to the same URL."""
+    kombu.pools.reset()
     app._pool = None
     app.amqp._producer_pool = None
 
