@@ -71,18 +71,28 @@ def test_a_concurrency_limit_leaves_the_claim_to_the_other_biz_types():
     assert by_type(claim_due(100)) == {"test.record": 5, "test.fail": 95}
 
 
-def test_a_rate_limit_allows_a_second_s_worth_at_once_then_the_rate():
-    backlog("test.record", 100)
-    timeouts.set_limits("test.record", rate_limit=20)
+def test_a_rate_limit_allows_a_twentieth_of_a_second_s_worth_at_once_then_the_rate():
+    backlog("test.record", 1000)
+    timeouts.set_limits("test.record", rate_limit=200)
     started = time.monotonic()
-    assert len(claim_due(100)) == 20  # the burst: one second's worth
-    total = 20
+    assert len(claim_due(100)) == 10  # the burst: 200 / 20
+    total = 10
     while time.monotonic() - started < 1.0:
         total += len(claim_due(100))
         time.sleep(0.02)
     elapsed = time.monotonic() - started
-    # Refilled at 20/s meanwhile: about 20 more, never more than the rate allows.
-    assert 20 + 20 * (elapsed - 0.3) <= total <= 20 + 20 * elapsed + 1
+    # Refilled at 200/s meanwhile, never more than the rate allows in any second (the burst included).
+    assert 10 + 200 * (elapsed - 0.3) <= total <= 200 * elapsed + 10
+    assert total <= 200 * 1.05 + 1
+
+
+def test_a_rate_below_twenty_per_second_claims_one_at_a_time():
+    backlog("test.record", 100)
+    timeouts.set_limits("test.record", rate_limit=10)
+    assert len(claim_due(100)) == 1
+    assert claim_due(100) == []
+    time.sleep(0.15)  # a tenth of a second at 10/s: one more, not more
+    assert len(claim_due(100)) == 1
 
 
 def test_a_rate_below_one_per_second_claims_one_at_a_time():
@@ -144,7 +154,7 @@ def test_a_rate_limit_holds_across_claimers_at_once():
     started = time.monotonic()
     claimed = claim_in_threads(6, rounds=10, pause=0.05)
     elapsed = time.monotonic() - started
-    assert 10 <= len(claimed) <= 10 + 10 * elapsed + 1  # the burst, then the rate
+    assert 1 + 10 * (elapsed - 0.5) <= len(claimed) <= 1 + 10 * elapsed + 1  # the burst of one, then the rate
 
 
 def test_a_pause_racing_a_claim_leaves_nothing_claimed_after_it_commits():

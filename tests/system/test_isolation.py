@@ -109,8 +109,8 @@ def test_a_rate_limit_bounds_the_starts(worker, starts):
     with dispatcher_process("dispatcher-rate"):
         processes.wait_for(lambda: starts.count() == 14, 60, message="every task to start")
     times = sorted(started_at for *_, started_at in starts.all())
-    # A token bucket of one second's worth: any n starts in a row span at least (n - rate) / rate
-    # seconds (the first `rate` at once). A little slack for claims that travel together.
+    # A token bucket of at most one second's worth: any n starts in a row span at least
+    # (n - rate) / rate seconds. A little slack for claims that travel together.
     for i in range(len(times)):
         for j in range(i + 1, len(times)):
             n = j - i + 1

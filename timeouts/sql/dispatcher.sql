@@ -13,7 +13,7 @@ SELECT extract(epoch FROM (SELECT min(run_at) FROM timeouts_task WHERE status = 
 -- name: claimable_deadline
 -- When the next PENDING task may be claimed, as nearest_deadline, but held back by the limits
 -- and pauses of timeouts_limits: a paused biz_type's tasks not at all, a rate-limited one's not
--- before its bucket holds a claim again, a biz_type at its concurrency limit not before
+-- before its bucket is full again, a biz_type at its concurrency limit not before
 -- `concurrency_poll` seconds from now (a task that ends wakes nobody). `held` is false when no
 -- biz_type is limited or paused: then only the tiny limits table is read, and the deadline is NULL.
 -- Read by a dispatcher whose claim left tasks due, so that it sleeps until one may be claimed
@@ -59,8 +59,10 @@ claimable AS (
         WHEN d.paused THEN NULL
         ELSE greatest(
             d.run_at,
-            CASE WHEN d.rate_limit IS NOT NULL AND d.refilled_at IS NOT NULL AND d.tokens < 1
-                 THEN d.refilled_at + (1 - d.tokens) / d.rate_limit * interval '1 second' END,
+            -- when its bucket (claim_due's) is full again, so that its claims come at most twenty a second
+            CASE WHEN d.rate_limit IS NOT NULL AND d.refilled_at IS NOT NULL AND d.tokens < greatest(d.rate_limit / 20, 1)
+                 THEN d.refilled_at + (greatest(d.rate_limit / 20, 1) - d.tokens) / d.rate_limit * interval '1 second'
+            END,
             CASE WHEN d.in_flight >= d.concurrency
                  THEN clock_timestamp() + %(concurrency_poll)s * interval '1 second' END)
         END AS at
