@@ -4,10 +4,28 @@ import base64
 import json
 from datetime import datetime
 
+from kombu.transport.redis import PRIORITY_STEPS
+
+
+def _lists(queue):
+    """The Redis lists of `queue`: kombu keeps one per priority step, read the lowest step first."""
+    return [queue] + [f"{queue}\x06\x16{step}" for step in PRIORITY_STEPS[1:]]
+
+
+def queue_length(broker, queue="celery") -> int:
+    """How many messages wait in `queue`, whatever their priority."""
+    return sum(broker.llen(name) for name in _lists(queue))
+
 
 def _waiting(broker, queue):
-    """Each message waiting in `queue`, decoded from JSON, oldest first (kombu pushes on the left)."""
-    return [json.loads(raw) for raw in reversed(broker.lrange(queue, 0, -1))]
+    """Each message waiting in `queue`, decoded from JSON, in the order a worker takes them: the
+    lowest priority step first, each oldest first (kombu pushes on the left)."""
+    return [json.loads(raw) for name in _lists(queue) for raw in reversed(broker.lrange(name, 0, -1))]
+
+
+def priorities(broker, queue="celery") -> list[int]:
+    """The priority of each message waiting in `queue`, in the order a worker takes them."""
+    return [m["properties"]["priority"] for m in _waiting(broker, queue)]
 
 
 def queued_messages(broker, queue="celery") -> list[tuple[str, list[int], float]]:

@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import timeouts
-from tests.broker_messages import message_etas, queued_messages, shown_arguments
+from tests.broker_messages import message_etas, priorities, queued_messages, shown_arguments
 from timeouts import batches, faults, queries, registry, running
 from timeouts.claiming import claim_due
 from timeouts.models import TimeoutTask
@@ -54,6 +54,22 @@ def test_tasks_due_together_are_published_in_batches_of_one_queue(broker, settin
     [alone] = schedule_due("test.record", 1)
     publish(claim_due(100))
     assert queued_messages(broker, "celery") == [("timeouts.run", [alone.job_id], 60)]
+    broker.flushdb()
+
+
+def test_a_backlog_s_messages_go_after_those_claimed_on_time(broker):
+    """Due longer ago than BACKLOG_AFTER when claimed: at the lowest priority, which a worker takes
+    after every message of a higher one, whatever their order in the broker."""
+    broker.flushdb()
+    backlog = schedule_due("test.record", 3, ago=5)
+    publish(claim_due(100))
+    on_time = schedule_due("test.slow", 2, ago=0)
+    publish(claim_due(100))
+    assert queued_messages(broker, "celery") == [
+        ("timeouts.run_batch", [t.job_id for t in on_time], 4),
+        ("timeouts.run_batch", [t.job_id for t in backlog], 61),
+    ]
+    assert priorities(broker, "celery") == [0, 9]
     broker.flushdb()
 
 

@@ -26,6 +26,7 @@ import time
 
 import psycopg
 
+from tests.broker_messages import queue_length
 from tests.processes import wait_for
 from timeouts.listener import APPLICATION_NAME as LISTENER_NAME
 
@@ -213,7 +214,7 @@ class PersistentRedis(ThrowawayRedis):
 
         client = redis.Redis(port=self.port, socket_timeout=5)
         try:
-            return client.llen("celery") + client.hlen("unacked")
+            return queue_length(client) + client.hlen("unacked")
         finally:
             client.close()
 

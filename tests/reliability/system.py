@@ -28,6 +28,7 @@ import psutil
 import psycopg
 
 from tests import processes
+from tests.broker_messages import queue_length
 from timeouts import faults as fault_points
 
 ROOT = processes.ROOT
@@ -168,7 +169,7 @@ class System:
         """(messages queued on `celery`, messages delivered but not acknowledged)."""
         client = self.redis()
         try:
-            return client.llen("celery"), client.hlen("unacked")
+            return queue_length(client), client.hlen("unacked")
         finally:
             client.close()
 

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import connection
 
 from tests import processes
-from tests.broker_messages import queued_messages
+from tests.broker_messages import queue_length, queued_messages
 from tests.reliability.clusters import ThrowawayPostgres, postgres_available
 from tests.system.test_dispatcher import (
     ON_TIME,
@@ -80,7 +80,7 @@ def test_a_silent_broker_cannot_hang_the_dispatcher_and_no_task_starts_twice(wor
             proxy.thaw()  # the stuck sends go through now too: duplicate messages for the worker
             processes.wait_for(lambda: TimeoutTask.objects.get(job_id=task.job_id).status == Status.DONE, 30,
                                message="the task to run")
-            processes.wait_for(lambda: not broker.llen("celery") and not broker.hlen("unacked"), 15,
+            processes.wait_for(lambda: not queue_length(broker) and not broker.hlen("unacked"), 15,
                                message="every message to be consumed")
     assert [row[0] for row in starts.all()] == [task.job_id]
 

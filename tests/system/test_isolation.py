@@ -136,3 +136,27 @@ def test_a_paused_biz_type_waits_without_delaying_the_others_and_catches_up_on_r
         assert count("test.queued", Status.PENDING) == 20
         timeouts.resume("test.queued")
         processes.wait_for(lambda: starts.count() == 21, 10, message="the paused tasks, resumed, to start")
+
+
+@pytest.mark.timeout(180)
+def test_a_task_due_on_time_starts_ahead_of_a_backlog_waiting_in_the_broker(broker, starts):
+    """A backlog's claims wait in the broker (up to MAX_DISPATCHED of them) for the workers; a task
+    that falls due meanwhile is claimed on time, and its message passes them there."""
+    from project.celery import app
+
+    schedule_due("test.slow", 3000, attribute={"sleep": 0.01})  # 30 s of work for one process
+    worker = processes.celery_worker(env=processes.django_env(), name="worker-backlog", concurrency=1)
+    try:
+        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the worker")
+        with dispatcher_process("dispatcher-backlog"):
+            processes.wait_for(lambda: count("test.slow", Status.DISPATCHED) >= 500, 30,
+                               message="a backlog in the broker")
+            task = TimeoutTask.objects.schedule("test.record", "on-time", delay=0.5)
+            processes.wait_for(lambda: TimeoutTask.objects.get(job_id=task.job_id).status == Status.DONE, 30,
+                               message="the task due on time to end")
+            backlog_left = count("test.slow", Status.PENDING) + count("test.slow", Status.DISPATCHED)
+    finally:
+        processes.stop(worker)
+    [late] = lateness([row for row in starts.all() if row[0] == task.job_id])
+    assert backlog_left > 1000, backlog_left  # it did not merely wait for the backlog to end
+    assert 0 <= late < ON_TIME, late

@@ -17,6 +17,7 @@ import pytest
 from django.db import connection
 
 from tests import processes
+from tests.broker_messages import queue_length
 from tests.system.test_dispatcher import dispatcher_process
 from tests.testapp import django_tasks as tasks
 from timeouts.backends import LeaseExpired, cancel
@@ -169,5 +170,5 @@ def test_each_queue_name_is_published_to_its_celery_queue(broker):
     tasks.record.enqueue("default queue")
     tasks.record_elsewhere.enqueue("other queue")
     assert scan() == 2
-    assert broker.llen("celery") == 1 and broker.llen("timeouts-test-other") == 1
+    assert queue_length(broker, "celery") == 1 and queue_length(broker, "timeouts-test-other") == 1
     broker.flushdb()
