@@ -61,3 +61,49 @@ def test_a_message_the_broker_refuses_releases_its_claim_at_once(worker, broker,
     rabbitmqctl("clear_policy", "-p", broker.vhost, "full")
     scan_until(finished(1), 30, "the task, once its queue takes messages")
     assert [row[0] for row in starts.all()] == [task.job_id]
+
+
+@pytest.fixture
+def queues_with_priorities(broker):  # noqa: F811
+    """This process's Celery app declaring its queues with x-max-priority 1 (task_queue_max_priority)."""
+    from project.celery import app
+
+    cached = ("queues", "default_queue", "router", "send_task_message")  # Celery's, built from task_queues
+    previous = app.conf.task_queue_max_priority
+    app.conf.task_queue_max_priority = 1
+    for name in cached:
+        app.amqp.__dict__.pop(name, None)
+    try:
+        yield app
+    finally:
+        app.conf.task_queue_max_priority = previous
+        for name in cached:
+            app.amqp.__dict__.pop(name, None)
+
+
+@pytest.mark.timeout(60)
+def test_on_a_queue_with_priorities_a_backlog_s_messages_go_after_those_claimed_on_time(queues_with_priorities):
+    from datetime import UTC, datetime, timedelta
+
+    from timeouts.claiming import claim_due
+    from timeouts.models import TimeoutTask
+    from timeouts.publishing import publish
+
+    app = queues_with_priorities
+
+    def schedule_due(biz_type, n, ago):
+        at = datetime.now(UTC) - timedelta(seconds=ago)
+        return [TimeoutTask.objects.schedule(biz_type, f"{biz_type}-{i}", at=at + timedelta(milliseconds=i)).job_id
+                for i in range(n)]
+
+    backlog = schedule_due("test.record", 3, ago=5)
+    publish(claim_due(100))
+    on_time = schedule_due("test.slow", 2, ago=0)
+    publish(claim_due(100))
+    taken = []
+    with app.connection_for_read() as connection, connection.SimpleQueue(app.amqp.queues["celery"]) as queue:
+        for _ in range(2):
+            message = queue.get(timeout=5)
+            taken.append(([item[0] for item in message.payload[0][0]], message.properties.get("priority")))
+            message.ack()
+    assert taken == [(on_time, 1), (backlog, 0)]  # published after the backlog, taken first
