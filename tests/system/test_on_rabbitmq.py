@@ -8,8 +8,8 @@ module the `broker` fixture, which `worker` builds on, is a RabbitMQ virtual hos
 Redis, one confirmed message at a time on RabbitMQ), routing to a named queue, messages published
 ahead of their due time with a Celery ETA, a killed worker's unacknowledged messages (redelivered at
 once by RabbitMQ when its connection drops; after the visibility timeout by Redis), a batch rejected
-by a dying pool process and delivered again, the same message published twice, and a message that
-waits in the broker while no worker runs.
+by a dying pool process and delivered again, the same message published twice, a message that
+waits in the broker while no worker runs, and priorities (honoured on queues with x-max-priority).
 """
 
 import json
