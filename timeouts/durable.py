@@ -130,13 +130,17 @@ def _not_yet_due(app, eta, countdown):
 def _run_fenced(task, fence, body, args, kwargs):
     """The worker's side: the compare-and-set start, the body, the outcome."""
     from . import events, own_connection, running
+    from .publishing import ETA_HEADROOM
     from .queries import is_partition_name
 
     job_id, action_time, attempt, partition = fence
     key = {"job_id": job_id, "action_time": datetime.fromisoformat(action_time)}
     partition = partition if is_partition_name(partition) else None
     with own_connection.used():
-        row = running.start(key, attempt, 0.0, partition)
+        # A call claimed ahead reaches its worker ETA_HEADROOM before its eta: its start is recorded
+        # then, and start() returns at the eta by the database clock, so the body starts on time
+        # instead of a durable commit later.
+        row = running.start(key, attempt, 0.0, partition, ahead=ETA_HEADROOM.total_seconds())
     if row is None:
         logger.info("timeouts: dropped a stale message of %s[%s] (job %s attempt %s)",
                     task.name, task.request.id, job_id, attempt)

@@ -162,16 +162,22 @@ def _where_the_row_is(query: str, params: dict, partition: str | None):
     return fetch_one(query, params)
 
 
-def start(key: dict, attempt: int, lease_extra: float = 0.0, partition: str | None = None):
+def start(key: dict, attempt: int, lease_extra: float = 0.0, partition: str | None = None, ahead: float = 0.0):
     """The compare-and-set DISPATCHED -> RUNNING for this attempt, or None if the message is stale.
 
     A message may arrive before run_at (the dispatcher publishes a little early, or clocks differ):
-    then wait out the difference by the database clock, and compare-and-set again.
+    then wait out the difference by the database clock, and compare-and-set again. With `ahead`
+    (seconds), the start may be recorded up to that much before run_at, and this returns at run_at
+    by the database clock: its answer came at database_now or later, so after waiting out
+    run_at - database_now from then, the database's clock has reached run_at.
     """
-    params = {**key, "attempt": attempt, "lease_extra": lease_extra}
+    params = {**key, "attempt": attempt, "lease_extra": lease_extra, "ahead": ahead}
     for _ in range(10):
         row = _compare_and_set(params, partition)
         if row is not None:
+            early = (row["run_at"] - row["database_now"]).total_seconds()
+            if early > 0:
+                time.sleep(early)
             return TimeoutTask._from_row(row)
         state = fetch_one("task_state", key)
         if state is None or state["status"] != TimeoutTask.Status.DISPATCHED or state["attempts"] != attempt - 1:
@@ -179,7 +185,7 @@ def start(key: dict, attempt: int, lease_extra: float = 0.0, partition: str | No
         wait = (state["run_at"] - state["now"]).total_seconds()
         if wait > MAX_EARLY_WAIT:
             return None
-        time.sleep(max(wait, 0.001))
+        time.sleep(max(wait - ahead, 0.001))
     return None
 
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection, transaction
 
-from timeouts import running
+from timeouts import operations, running
 from timeouts.claiming import claim_due
 from timeouts.models import TimeoutTask
 from timeouts.queries import fetch_one
@@ -140,6 +140,29 @@ def test_early_message_waits_for_run_at_by_the_database_clock(starts):
     assert done.started_at >= done.action_time
 
 
+def test_a_start_recorded_ahead_returns_at_run_at_by_the_database_clock():
+    task = TimeoutTask.objects.schedule("test.record", 1, delay=0.3)
+    claim = claim_due(10, lead=1.0)[0]
+    key = {"job_id": claim.job_id, "action_time": claim.action_time}
+    started = running.start(key, claim.attempt, ahead=2.0)  # recorded at once: run_at is under 0.3 s away
+    assert started is not None and operations.database_now() >= started.run_at  # never before run_at
+    row = reload(task)
+    assert (row.status, row.started_at) == (Status.RUNNING, row.run_at)  # recorded as starting at run_at
+    assert row.modified_at < row.run_at  # ... before run_at
+    assert row.lease_until == row.run_at + timedelta(seconds=row.ttr)
+
+
+def test_a_start_is_not_recorded_further_ahead_than_allowed():
+    task = TimeoutTask.objects.schedule("test.record", 1, delay=0.3)
+    claim = claim_due(10, lead=1.0)[0]
+    started = running.start({"job_id": claim.job_id, "action_time": claim.action_time}, claim.attempt, ahead=0.05)
+    row = reload(task)
+    # waited until run_at was within 50 ms, then recorded as starting at run_at
+    assert started is not None and row.started_at == row.run_at
+    assert row.run_at - timedelta(seconds=0.05) <= row.modified_at
+    assert operations.database_now() >= row.run_at
+
+
 def test_rescheduled_message_is_dropped_not_waited_for(starts):
     task = due_task()
     claim = claim_one()
@@ -172,7 +195,7 @@ def test_cancel_waits_for_a_concurrent_start_and_then_loses(starts):
     def start_and_hold():
         with transaction.atomic():
             row = fetch_one("start_task", {"job_id": claim.job_id, "action_time": claim.action_time, "attempt": 1,
-                                           "lease_extra": 0})
+                                           "lease_extra": 0, "ahead": 0})
             started.set()
             release.wait(10)
         return row

@@ -346,13 +346,17 @@ RETURNING timeouts_notify_v1(%(channel)s, t.run_at, clock_timestamp() + %(horizo
 -- TTR, plus what is left of a batch's budget (lease_extra): Celery's time limit on the batch.
 -- The state is compared with IS NOT DISTINCT FROM (`=` for these NOT NULL columns) so that only
 -- the primary key can find the row: see queries.py, ON_PARTITION.
+-- `ahead` (seconds, 0 but for stored Celery calls) lets the start be recorded up to that much
+-- before run_at, as starting at run_at: the worker then waits out the rest by the database clock
+-- (database_now) before the body starts, and the durable commit is not in its lateness.
 UPDATE timeouts_task
-SET status = :RUNNING, attempts = attempts + 1, started_at = c.now, modified_at = c.now,
-    lease_until = c.now + (ttr + %(lease_extra)s) * interval '1 second'
+SET status = :RUNNING, attempts = attempts + 1, started_at = greatest(run_at, c.now), modified_at = c.now,
+    lease_until = greatest(run_at, c.now) + (ttr + %(lease_extra)s) * interval '1 second'
 FROM (SELECT clock_timestamp() AS now) AS c
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s
-  AND (status, attempts) IS NOT DISTINCT FROM (:DISPATCHED, %(attempt)s - 1) AND run_at <= c.now
-RETURNING timeouts_task.*;
+  AND (status, attempts) IS NOT DISTINCT FROM (:DISPATCHED, %(attempt)s - 1)
+  AND run_at <= c.now + %(ahead)s * interval '1 second'
+RETURNING timeouts_task.*, c.now AS database_now;
 
 
 -- name: task_state
