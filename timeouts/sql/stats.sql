@@ -107,13 +107,15 @@ SELECT biz_type FROM found WHERE biz_type IS NOT NULL LIMIT %(limit)s;
 
 -- name: count_overdue_of_biz_type
 -- The PENDING tasks of one biz_type due by `now`, up to `limit`: one range of
--- timeouts_task_due_by_type per past partition. The biz_type is a constant (one statement per
--- biz_type), so PostgreSQL plans with that biz_type's own frequency. Ordered, so that the LIMIT
--- stops an index scan: unordered, PostgreSQL may take a bitmap scan of the admin's
--- (biz_type, action_time) index, which reads every task of the biz_type in the partition.
+-- timeouts_task_due_by_type per past partition, bounded by the row comparison, which no other
+-- index can use. Through the run_at one, which PostgreSQL would take for a biz_type it believes
+-- frequent among the due tasks, the count of a biz_type waiting beside another's backlog would
+-- read the whole backlog; through a bitmap of the admin's (biz_type, action_time) one, every task
+-- of the biz_type in the partition. Ordered, so that the LIMIT stops the index scan.
 SELECT count(*) AS n FROM (
     SELECT 1 FROM timeouts_task
-    WHERE biz_type = %(biz_type)s AND status = :PENDING AND run_at <= %(now)s AND action_time <= %(now)s
+    WHERE biz_type = %(biz_type)s AND status = :PENDING AND (biz_type, run_at) <= (%(biz_type)s, %(now)s)
+      AND action_time <= %(now)s
     ORDER BY run_at
     LIMIT %(limit)s
 ) AS bounded;
