@@ -26,7 +26,7 @@ from timeouts.celery_calls import biz_type_for
 
 from . import stats
 from .database import BenchError, reset
-from .handlers import DIRECT_TASK, DURABLE_TASK
+from .handlers import DIRECT_TASK, DURABLE_TASK, DURABLE_TTR
 from .idle import _rss_mb
 from .processes import Processes, flush_broker
 from .progress import note
@@ -158,11 +158,11 @@ def _restart(ctx, procs, variant, rep) -> dict:
     _sleep_until(killed_at + cfg.restart_down, procs)
     restarted_at = time.time()
     procs.worker(app=cfg.celery_app, concurrency=cfg.concurrency)
-    # DurableTask finds a call lost in the dead worker when its lease (DEFAULT_TTR) runs out and a
+    # DurableTask finds a call lost in the dead worker when its lease (DURABLE_TTR) runs out and a
     # scan follows, and runs every stored call however long the backlog: wait for all of them (up
     # to drain_timeout). Celery's ETA messages held by the dead worker come back after Redis's
     # visibility timeout (an hour): the bench does not wait for that.
-    tail = max(cfg.drain_timeout, _default_ttr() + 2 * cfg.scan_interval) if variant == "durable" else cfg.wait_tail
+    tail = max(cfg.drain_timeout, DURABLE_TTR + 2 * cfg.scan_interval) if variant == "durable" else cfg.wait_tail
     wait = max(expected.values()).timestamp() - time.time() + tail
     deadline = time.monotonic() + wait
     wait_for_starts(ctx.conn, n, deadline=deadline, check=procs.check, label=f"durable_restart {variant}: started")
@@ -233,12 +233,6 @@ def _sleep_until(epoch, procs):
     while time.time() < epoch:
         procs.check()
         time.sleep(min(0.2, max(0.0, epoch - time.time())))
-
-
-def _default_ttr() -> float:
-    from timeouts.conf import get_settings
-
-    return float(get_settings().DEFAULT_TTR)
 
 
 def _clean(out) -> dict:
