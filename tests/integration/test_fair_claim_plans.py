@@ -86,7 +86,7 @@ def test_the_fair_claim_reads_what_it_claims_whatever_the_backlog(skewed_backlog
     # With limits: the claim counts the running tasks, and a dispatcher whose claim left only
     # held-back tasks due asks when the next may be claimed.
     timeouts.pause("test.fail")
-    timeouts.set_limits("test.record", rate_limit=1000, concurrency=300)
+    timeouts.set_limits("test.record", rate_limit=10_000, concurrency=300)  # a burst of 500: the concurrency binds
     for generic in (False, True):
         plan, jit_above_cost = explain(queries.QUERIES["claim_due"], PARAMS, generic=generic)
         assert plan["Plan"]["Actual Rows"] == 300
