@@ -109,7 +109,7 @@ def _publish_runs(claims) -> int:
     sent = 0
     try:
         with app.producer_or_acquire() as producer, _pipelined(producer):
-            for (queue, ttr), batch in messages:
+            for (queue, ttr, in_backlog), batch in messages:
                 if queue not in routes:
                     # Routed as `timeouts.run` whatever the message, so a host's task_routes for it
                     # apply to batches too.
@@ -127,7 +127,7 @@ def _publish_runs(claims) -> int:
                 message = amqp.create_task_message(uuid(), name, args, {}, eta=eta, time_limit=time_limit,
                                                    argsrepr=_args_repr(args, amqp.argsrepr_maxsize), kwargsrepr="{}")
                 options = routes[queue]
-                priority = backlog if batch[0].claimed_at - batch[0].run_at > BACKLOG_AFTER else on_time
+                priority = backlog if in_backlog else on_time
                 if priority is not None:
                     options = {**options, "priority": priority}
                 amqp.send_task_message(producer, name, message, retry=True, retry_policy=RETRY_POLICY,
@@ -171,14 +171,16 @@ def _args_repr(args, limit: int) -> str:
 
 
 def _batches(claims, size):
-    """((queue, ttr), claims) for each message: consecutive claims of one queue and TTR (the TTR sets
-    the message's time limit), at most `size` of them, due within BATCH_WINDOW of the first unless
-    already due. Claims come ordered by run_at, so a batch starts with its earliest task (which
-    sets the message's ETA)."""
+    """((queue, ttr, in a backlog), claims) for each message: consecutive claims of one queue and
+    TTR (the TTR sets the message's time limit), either all part of a backlog or none (which sets
+    the message's priority: a task claimed on time must not travel in a backlog's message), at most
+    `size` of them, due within BATCH_WINDOW of the first unless already due. Claims come ordered by
+    run_at, so a batch starts with its earliest task (which sets the message's ETA)."""
     open_batches = {}
     for claim in claims:
         handler = find_handler(claim.biz_type)  # unknown here: the default queue
-        key = (handler.queue if handler is not None else None, claim.ttr)
+        in_backlog = claim.claimed_at - claim.run_at > BACKLOG_AFTER
+        key = (handler.queue if handler is not None else None, claim.ttr, in_backlog)
         batch = open_batches.get(key)
         if batch and claim.eta is not None and (claim.run_at - batch[0].run_at).total_seconds() > BATCH_WINDOW:
             yield key, open_batches.pop(key)

@@ -73,6 +73,21 @@ def test_a_backlog_s_messages_go_after_those_claimed_on_time(broker):
     broker.flushdb()
 
 
+def test_a_task_claimed_on_time_never_travels_in_a_backlog_s_message(broker):
+    """Claimed together with a backlog of its own queue and TTR, it still goes in a message of its
+    own: in the backlog's, it would wait at the backlog's priority."""
+    broker.flushdb()
+    backlog = schedule_due("test.record", 3, ago=5)
+    [on_time] = schedule_due("test.fail", 1, ago=0)  # the same queue and TTR as test.record
+    publish(claim_due(100))
+    assert queued_messages(broker, "celery") == [
+        ("timeouts.run", [on_time.job_id], 60),
+        ("timeouts.run_batch", [t.job_id for t in backlog], 61),
+    ]
+    assert priorities(broker, "celery") == [0, 9]
+    broker.flushdb()
+
+
 def test_tasks_claimed_ahead_share_a_message_only_when_due_within_the_batch_window(broker):
     """A worker process waits inside a batch until each task is due: tasks due apart get messages
     (and Celery ETAs) of their own, so any free process can take them. A task claimed ahead goes as
