@@ -13,6 +13,7 @@ from weakref import WeakKeyDictionary
 
 from kombu import Exchange, Queue
 
+from .brokers import is_amqp
 from .celery_calls import cancel  # noqa: F401  (timeouts.celery.cancel(task_id))
 from .conf import get_settings
 from .durable import DurableTask  # noqa: F401  (timeouts.celery.DurableTask)
@@ -106,12 +107,6 @@ def _with_queue(conf, name):
     if any(getattr(queue, "name", queue) == name for queue in queues):
         return queues
     return [*queues, Queue(name, Exchange(name), routing_key=name)]
-
-
-def is_amqp(url) -> bool:
-    """RabbitMQ (Celery's default broker when none is set)."""
-    scheme = str(url or "amqp://").split("://", 1)[0].split("+", 1)[0]
-    return scheme in ("amqp", "amqps", "pyamqp")
 
 
 def is_set_up(app) -> bool:

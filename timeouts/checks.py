@@ -23,7 +23,8 @@ from django.core.checks import Error, Warning, register
 from django.db import connections, router
 
 from . import conf, registry
-from .celery import BEAT_QUEUE, BEAT_TASKS, is_amqp, is_set_up
+from .brokers import is_amqp
+from .celery import BEAT_QUEUE, BEAT_TASKS, is_set_up
 
 PARTITION_SECONDS = {"hour": 3600, "day": 86400, "week": 7 * 86400, "month": 28 * 86400}  # month: its shortest
 

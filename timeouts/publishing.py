@@ -17,7 +17,7 @@ from kombu.utils.uuid import uuid
 
 from . import faults
 from .batches import BUDGET
-from .celery import is_amqp
+from .brokers import is_amqp, is_redis
 from .celery_calls import is_call, publish_calls
 from .claiming import release
 from .conf import get_settings
@@ -153,8 +153,7 @@ def priorities(broker_url) -> tuple[int | None, int | None]:
     lowest number first): a backlog's go last, at 9. RabbitMQ (the higher the first, 0 by default)
     honours priorities on queues declared with x-max-priority only: there those claimed on time
     go first, at 1. Other brokers: as routed."""
-    scheme = str(broker_url or "amqp://").split("://", 1)[0].split("+", 1)[0]
-    if scheme in ("redis", "rediss", "sentinel"):
+    if is_redis(broker_url):
         return None, 9
     if is_amqp(broker_url):
         return 1, None
