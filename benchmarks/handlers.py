@@ -24,9 +24,9 @@ DURABLE_TASK = "benchmarks.durable"  # the same body again, on DurableTask (its 
 NEIGHBOUR = "benchmarks.neighbour"  # isolation: the biz_type due beside another's backlog
 LIMITED = "benchmarks.limited"  # isolation: a biz_type with a rate limit
 LIMITED_RATE = 200  # LIMITED's handler starts per second
-WARM_TASK = "benchmarks.warm"
+WARM_TASK = "benchmarks.warm"  # opens a worker process's connections before measuring
 # DURABLE_TASK's lease (seconds): a call lost in a killed worker runs again this long after its start.
-DURABLE_TTR = 10  # opens a worker process's connections before measuring
+DURABLE_TTR = 10
 
 START_TABLE_SQL = """
 CREATE UNLOGGED TABLE IF NOT EXISTS timeouts_bench_start (

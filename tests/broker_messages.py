@@ -23,7 +23,7 @@ def _waiting(broker, queue):
     return [json.loads(raw) for name in _lists(queue) for raw in reversed(broker.lrange(name, 0, -1))]
 
 
-def priorities(broker, queue="celery") -> list[int]:
+def message_priorities(broker, queue="celery") -> list[int]:
     """The priority of each message waiting in `queue`, in the order a worker takes them."""
     return [m["properties"]["priority"] for m in _waiting(broker, queue)]
 

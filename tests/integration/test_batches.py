@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import timeouts
-from tests.broker_messages import message_etas, priorities, queued_messages, shown_arguments
+from tests.broker_messages import message_etas, message_priorities, queued_messages, shown_arguments
 from timeouts import batches, faults, queries, registry, running
 from timeouts.claiming import claim_due
 from timeouts.models import TimeoutTask
@@ -69,7 +69,7 @@ def test_a_backlog_s_messages_go_after_those_claimed_on_time(broker):
         ("timeouts.run_batch", [t.job_id for t in on_time], 4),
         ("timeouts.run_batch", [t.job_id for t in backlog], 61),
     ]
-    assert priorities(broker, "celery") == [0, 9]
+    assert message_priorities(broker, "celery") == [0, 9]
     broker.flushdb()
 
 
@@ -84,7 +84,7 @@ def test_a_task_claimed_on_time_never_travels_in_a_backlog_s_message(broker):
         ("timeouts.run", [on_time.job_id], 60),
         ("timeouts.run_batch", [t.job_id for t in backlog], 61),
     ]
-    assert priorities(broker, "celery") == [0, 9]
+    assert message_priorities(broker, "celery") == [0, 9]
     broker.flushdb()
 
 

@@ -83,22 +83,14 @@ def queues_with_priorities(broker):  # noqa: F811
 
 @pytest.mark.timeout(60)
 def test_on_a_queue_with_priorities_a_backlog_s_messages_go_after_those_claimed_on_time(queues_with_priorities):
-    from datetime import UTC, datetime, timedelta
-
+    from tests.integration.test_batches import schedule_due
     from timeouts.claiming import claim_due
-    from timeouts.models import TimeoutTask
     from timeouts.publishing import publish
 
     app = queues_with_priorities
-
-    def schedule_due(biz_type, n, ago):
-        at = datetime.now(UTC) - timedelta(seconds=ago)
-        return [TimeoutTask.objects.schedule(biz_type, f"{biz_type}-{i}", at=at + timedelta(milliseconds=i)).job_id
-                for i in range(n)]
-
-    backlog = schedule_due("test.record", 3, ago=5)
+    backlog = [t.job_id for t in schedule_due("test.record", 3, ago=5)]
     publish(claim_due(100))
-    on_time = schedule_due("test.slow", 2, ago=0)
+    on_time = [t.job_id for t in schedule_due("test.slow", 2, ago=0)]
     publish(claim_due(100))
     taken = []
     with app.connection_for_read() as connection, connection.SimpleQueue(app.amqp.queues["celery"]) as queue:

@@ -47,6 +47,7 @@ in_flight AS (
 ),
 deadlines AS (
     SELECT p.biz_type, h.biz_type IS NOT NULL AS limited, h.paused, h.tokens, h.refilled_at, h.rate_limit,
+           greatest(h.rate_limit / 20, 1) AS burst,  -- claim_due's bucket size
            h.concurrency, coalesce(f.n, 0) AS in_flight, p.run_at
     FROM pending_types AS p
     LEFT JOIN held AS h USING (biz_type)
@@ -59,10 +60,9 @@ claimable AS (
         WHEN d.paused THEN NULL
         ELSE greatest(
             d.run_at,
-            -- when its bucket (claim_due's) is full again, so that its claims come at most twenty a second
-            CASE WHEN d.rate_limit IS NOT NULL AND d.refilled_at IS NOT NULL AND d.tokens < greatest(d.rate_limit / 20, 1)
-                 THEN d.refilled_at + (greatest(d.rate_limit / 20, 1) - d.tokens) / d.rate_limit * interval '1 second'
-            END,
+            -- when its bucket is full again, so that its claims come at most twenty a second
+            CASE WHEN d.rate_limit IS NOT NULL AND d.refilled_at IS NOT NULL AND d.tokens < d.burst
+                 THEN d.refilled_at + (d.burst - d.tokens) / d.rate_limit * interval '1 second' END,
             CASE WHEN d.in_flight >= d.concurrency
                  THEN clock_timestamp() + %(concurrency_poll)s * interval '1 second' END)
         END AS at

@@ -192,13 +192,14 @@ in_flight AS (
     GROUP BY biz_type
 ),
 -- How many each due biz_type may have now (NULL: no limit). The rate limit is a token bucket:
--- `available` claims, refilled at the rate since the last claim, up to a twentieth of a second's
--- worth (and at least one, so a rate below 20/s can claim at all): small, so the starts of a
--- backlog are spread evenly, never more than the rate in any second (a bucket of one second's worth
--- would let twice the rate through in the first), and large enough that the claims that pace them
--- come at most twenty a second. claimable_deadline wakes a dispatcher when the bucket is full. Its clock is due_by, as for the tasks: a
--- dispatcher claims a lead ahead what falls due within the lead, a claim included; and it never
--- runs backwards (`spent`), so claimers with different leads are never given a claim twice.
+-- `available` claims, refilled at the rate since the last claim, up to `burst`: a twentieth of a
+-- second's worth (and at least one, so a rate below 20/s can claim at all). Small, so the starts
+-- of a backlog are spread evenly, never more than the rate in any second (a bucket of one second's
+-- worth would let twice the rate through in the first); large enough that the claims that pace
+-- them come at most twenty a second (claimable_deadline wakes a dispatcher when the bucket is
+-- full). Its clock is due_by, as for the tasks: a dispatcher claims a lead ahead what falls due
+-- within the lead, a claim included; and it never runs backwards (`spent`), so claimers with
+-- different leads are never given a claim twice.
 allowed AS (
     SELECT d.biz_type, d.oldest, b.available,
         CASE WHEN limited.biz_type IS NULL THEN NULL
@@ -209,10 +210,11 @@ allowed AS (
     LEFT JOIN limited USING (biz_type)
     LEFT JOIN locked USING (biz_type)
     LEFT JOIN in_flight USING (biz_type)
+    CROSS JOIN LATERAL (SELECT greatest(limited.rate_limit / 20, 1) AS burst) AS bucket
     CROSS JOIN LATERAL (
         SELECT CASE WHEN limited.rate_limit IS NULL THEN NULL
-                    WHEN locked.refilled_at IS NULL THEN greatest(limited.rate_limit / 20, 1)
-                    ELSE least(greatest(limited.rate_limit / 20, 1), locked.tokens
+                    WHEN locked.refilled_at IS NULL THEN bucket.burst
+                    ELSE least(bucket.burst, locked.tokens
                                + limited.rate_limit
                                  * greatest(0, extract(epoch FROM (SELECT due_by FROM clock) - locked.refilled_at)))
                END AS available
