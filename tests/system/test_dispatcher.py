@@ -154,53 +154,39 @@ def test_ten_thousand_tasks_two_dispatchers_and_the_scan_start_each_handler_once
     assert (total, distinct, early) == (count, count, 0)
 
 
-@pytest.mark.timeout(60)
-def test_waiting_for_far_away_tasks_costs_almost_nothing():
+def _far_away_tasks():
     now = datetime.now(UTC)
     TimeoutTask.objects.bulk_schedule(
         [{"biz_type": "test.record", "biz_id": i, "at": now + timedelta(minutes=30, seconds=i * 0.18)}
          for i in range(10_000)]
     )
-    with dispatcher_thread() as dispatcher:
-        [thread] = [t for t in threading.enumerate() if t.name == "test-dispatcher"]
-        before, cpu_before, started = dispatcher.stats.snapshot(), _thread_cpu(thread), time.monotonic()
-        time.sleep(5)  # the measurement window: nothing is due, nothing should happen
-        after, cpu_after, elapsed = dispatcher.stats.snapshot(), _thread_cpu(thread), time.monotonic() - started
-    queries = after["queries"] - before["queries"]
-    cpu = (cpu_after - cpu_before) / elapsed
-    print(f"idle: {queries / elapsed:.2f} queries/s, {cpu:.3%} CPU")
-    assert after["wakeups"] == 0 and queries <= elapsed  # at most one query a second
-    assert cpu < 0.01
 
 
-@pytest.mark.timeout(90)
-def test_a_backlog_held_back_by_backpressure_does_not_spin_the_dispatcher(worker, starts, settings):
-    """A backlog larger than MAX_DISPATCHED: each start frees room for one more claim. The dispatcher
-    must wait a little and claim what freed up in chunks, not chase every start with a claim of its
-    own: such a hot loop of tiny claims takes a CPU of the database from the workers it waits for."""
-    settings.TIMEOUTS = {**settings.TIMEOUTS, "MAX_DISPATCHED": 50}
-    now = datetime.now(UTC)
-    TimeoutTask.objects.bulk_schedule(
-        [{"biz_type": "test.record", "biz_id": i, "at": now - timedelta(seconds=1)} for i in range(3000)])
+@pytest.mark.timeout(60)
+def test_waiting_for_far_away_tasks_costs_almost_no_queries():
+    _far_away_tasks()
     with dispatcher_thread() as dispatcher:
-        assert dispatcher.stats.wait_for(lambda s: s.claimed >= 200, 30)
         before, started = dispatcher.stats.snapshot(), time.monotonic()
-        time.sleep(3)
+        time.sleep(5)  # the measurement window: nothing is due, nothing should happen
         after, elapsed = dispatcher.stats.snapshot(), time.monotonic() - started
-    wakeups = after["wakeups"] - before["wakeups"]
-    claimed = after["claimed"] - before["claimed"]
-    print(f"held back: {wakeups / elapsed:.1f} claims/s, {claimed / max(wakeups, 1):.1f} tasks per claim")
-    assert claimed > 0  # the backlog moved
-    # Backing off 50-100 ms between claims makes at most ~13 a second; chasing each start makes 25 or
-    # more here, and far more when the database is the busy one.
-    assert wakeups / elapsed <= 15
+    queries = after["queries"] - before["queries"]
+    print(f"idle: {queries / elapsed:.2f} queries/s")
+    assert after["wakeups"] == 0 and queries <= elapsed  # at most one query a second
 
 
-def _thread_cpu(thread) -> float:
-    for info in psutil.Process().threads():
-        if info.id == thread.native_id:
-            return info.user_time + info.system_time
-    raise AssertionError("thread not found")
+@pytest.mark.timeout(60)
+def test_waiting_for_far_away_tasks_costs_almost_no_cpu():
+    # Measured on a dispatcher process of its own, as deployed: a thread of this test process would be
+    # charged for what the process carries from other tests (its garbage collections, its threads).
+    _far_away_tasks()
+    with dispatcher_process("dispatcher-idle") as process:
+        dispatcher = psutil.Process(process.pid)
+        time.sleep(1)  # its first read of the deadline
+        cpu_before, started = sum(dispatcher.cpu_times()[:2]), time.monotonic()
+        time.sleep(5)  # the measurement window: nothing is due, nothing should happen
+        cpu = (sum(dispatcher.cpu_times()[:2]) - cpu_before) / (time.monotonic() - started)
+    print(f"idle: {cpu:.3%} CPU")
+    assert cpu < 0.01
 
 
 @pytest.mark.timeout(60)
