@@ -466,10 +466,13 @@ RETURNING job_id;
 -- name: end_call
 -- A started call's outcome, fenced as finish_task: DONE when the task returned or handed itself on
 -- to a retry (a call of its own), DEAD when it raised (Celery records the failure; an operator may
--- requeue it). `status` is one of those two.
+-- requeue it). `status` is one of those two. Committed without waiting for the WAL flush, as
+-- finish_task and for the same reason: an outcome a database crash loses leaves the call RUNNING
+-- until its lease runs out, and it runs again (at least once), while the pool process that ran it
+-- is free a disk flush sooner for the next call due.
 UPDATE timeouts_task
 SET status = %(status)s, finished_at = c.now, modified_at = c.now, lease_until = NULL, last_error = %(error)s
-FROM (SELECT clock_timestamp() AS now) AS c
+FROM (SELECT clock_timestamp() AS now, set_config('synchronous_commit', 'off', true)) AS c
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s
   AND (status, attempts) IS NOT DISTINCT FROM (:RUNNING, %(attempt)s) AND %(status)s IN (:DONE, :DEAD)
 RETURNING job_id;
