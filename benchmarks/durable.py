@@ -28,6 +28,7 @@ from . import stats
 from .database import BenchError, reset
 from .handlers import DIRECT_TASK, DURABLE_TASK, DURABLE_TTR
 from .idle import _rss_mb
+from .pairs import paired
 from .processes import Processes, flush_broker
 from .progress import note
 from .workload import due_times, wait_for_starts, wait_until, warm_worker
@@ -243,7 +244,6 @@ def _clean(out) -> dict:
 
 def ratios(runs) -> dict:
     """Per repeat: DurableTask against Celery's ETA, and against the idle worker."""
-    from .targets import paired
 
     out = {}
     for scenario, a, b, metrics in (

@@ -22,6 +22,7 @@ from timeouts.states import Status
 from . import stats
 from .database import BenchError, reset
 from .handlers import LIMITED, LIMITED_RATE, NEIGHBOUR, NOOP
+from .pairs import paired
 from .processes import Processes, flush_broker
 from .workload import (
     db_now,
@@ -226,7 +227,6 @@ def _unclaim(conn):
 
 
 def ratios(runs) -> dict:
-    from .targets import paired
 
     out = {}
     for scenario, a, b, metric in (("isolation_neighbour", "together", "spread_alone", "p99_ms"),

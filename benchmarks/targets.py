@@ -5,21 +5,14 @@ and then summarised by their median [min-max]. Targets are checked on medians, e
 correctness targets (missing, duplicates, early), which must hold in every run.
 """
 
+from .durable import targets as durable_targets
+from .isolation import targets as isolation_targets
+from .pairs import by_rep, paired
 from .peers import peer_scenario
-from .stats import summarize
+from .tasks_backend import targets as tasks_targets
 
 LATENESS = ("p50_ms", "p99_ms", "max_ms")
 RATES = ("start_per_s", "claim_per_s")
-
-
-def paired(runs, scenario, a, b, metric):
-    """summary of a/b per repeat, for runs of `scenario` on paths a and b."""
-    by = {}
-    for r in runs:
-        if r.get("scenario") == scenario and r.get("path") in (a, b):
-            by.setdefault(r["rep"], {})[r["path"]] = r.get(metric)
-    ratios = [x[a] / x[b] for x in by.values() if x.get(a) is not None and x.get(b)]
-    return summarize(ratios)
 
 
 def ratios(runs, peer_runs) -> dict:
@@ -48,27 +41,17 @@ def ratios(runs, peer_runs) -> dict:
                     if metric == "idle_qps" and system == "celery":
                         continue  # Redis commands, not queries
                     theirs_metric = "drain_per_s" if metric == "start_per_s" else metric
-                    pairs = _pair_by_rep(ours, theirs, metric, theirs_metric)
+                    pairs = by_rep(ours, theirs, metric, theirs_metric)
                     if pairs:
                         out.setdefault(scenario, {}).setdefault(f"{path}/peer:{system}", {})[metric] = pairs
     for variant, peer in (("single", "sched_single"), ("bulk", "sched_bulk")):
         ours = [r for r in runs if r.get("scenario") == "schedule" and r.get("path") == variant]
         for system in sorted({p["system"] for p in peer_runs if "system" in p}):
             theirs = [p for p in peer_runs if p.get("system") == system and peer_scenario(p) == peer]
-            pairs = _pair_by_rep(ours, theirs, "sched_per_s", "schedule_per_s")
+            pairs = by_rep(ours, theirs, "sched_per_s", "schedule_per_s")
             if pairs:
                 out.setdefault("schedule", {}).setdefault(f"{variant}/peer:{system}", {})["sched_per_s"] = pairs
     return out
-
-
-def _pair_by_rep(ours, theirs, metric, their_metric):
-    by = {}
-    for r in ours:
-        by.setdefault(r["rep"], [None, None])[0] = r.get(metric)
-    for p in theirs:
-        if p.get("bench_rep") in by:
-            by[p["bench_rep"]][1] = p.get(their_metric)
-    return summarize([a / b for a, b in by.values() if a is not None and b])
 
 
 def _median(summary, scenario, path, metric):
@@ -125,10 +108,6 @@ def targets(summary, ratio_table, scan_interval, scenarios) -> list[dict]:
         value = sched.get(variant, {}).get("sched_per_s")
         label = "schedule() with NOTIFY" if variant.endswith("notify") else "schedule()"
         rows.append(("schedule", f"{label} >= 2,000 tasks/s", value and value["median"], lambda v: v >= 2000))
-    from .durable import targets as durable_targets
-    from .isolation import targets as isolation_targets
-    from .tasks_backend import targets as tasks_targets
-
     rows += durable_targets(summary, ratio_table) + tasks_targets(summary, ratio_table)
     rows += isolation_targets(summary, ratio_table)
     return [{"scenario": scenario, "target": name, "measured": value,

@@ -15,7 +15,8 @@ import time
 from . import stats
 from .calls import DJANGO_TASK
 from .database import reset
-from .durable import calls
+from .durable import _expected, calls
+from .pairs import by_rep
 from .processes import Processes, flush_broker
 from .workload import wait_for_starts, warm_worker
 
@@ -64,7 +65,6 @@ def _spread(ctx, procs, env, rep) -> dict:
     procs.dispatcher(cfg.dispatcher_args)
     made = calls(ctx, None, task=DJANGO_TASK, env=env, n=n, lead=cfg.lead, window=cfg.window,
                  probe=2 * cfg.concurrency, seed=cfg.seed + rep)
-    from .durable import _expected
 
     expected = _expected(made, n, cfg.window, cfg.seed + rep)
     wait = max(expected.values()).timestamp() - time.time() + cfg.wait_tail + n / 100.0
@@ -98,14 +98,13 @@ def _clean(out) -> dict:
 
 def ratios(runs, peer_runs) -> dict:
     """Per repeat: TimeoutsBackend's number over the django-tasks-db peer's."""
-    from .targets import _pair_by_rep
 
     out = {}
     for scenario, metrics in PEER_METRICS.items():
         ours = [r for r in runs if r.get("scenario") == scenario and r.get("path") == "timeouts"]
         theirs = [p for p in peer_runs if p.get("system") == PEER and p.get("bench_scenario") == scenario]
         for ours_metric, their_metric in metrics:
-            s = _pair_by_rep(ours, theirs, ours_metric, their_metric)
+            s = by_rep(ours, theirs, ours_metric, their_metric)
             if s:
                 out.setdefault(scenario, {}).setdefault(f"timeouts/peer:{PEER}", {})[ours_metric] = s
     return out

@@ -1,0 +1,25 @@
+"""Ratios between two sets of runs, taken per repeat (the runs of one repeat ran side by side, on
+the same machine state) and summarised as median [min-max]."""
+
+from .stats import summarize
+
+
+def paired(runs, scenario, a, b, metric):
+    """summary of a/b per repeat, for runs of `scenario` on paths a and b."""
+    by = {}
+    for r in runs:
+        if r.get("scenario") == scenario and r.get("path") in (a, b):
+            by.setdefault(r["rep"], {})[r["path"]] = r.get(metric)
+    ratios = [x[a] / x[b] for x in by.values() if x.get(a) is not None and x.get(b)]
+    return summarize(ratios)
+
+
+def by_rep(ours, theirs, metric, their_metric):
+    """summary of ours/theirs per repeat, for our runs against a peer harness's runs of the same repeat."""
+    by = {}
+    for r in ours:
+        by.setdefault(r["rep"], [None, None])[0] = r.get(metric)
+    for p in theirs:
+        if p.get("bench_rep") in by:
+            by[p["bench_rep"]][1] = p.get(their_metric)
+    return summarize([a / b for a, b in by.values() if a is not None and b])
