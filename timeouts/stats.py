@@ -19,11 +19,12 @@ The queries are in sql/stats.sql; the admin's counts are its filters' querysets.
 
 import json
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.core.exceptions import EmptyResultSet
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone
 
 from . import partitions, registry
@@ -295,15 +296,28 @@ def _limits(biz_type, row) -> BizTypeLimits:
                          row["declared_concurrency"], row["overridden"])
 
 
+@contextmanager
+def counting_in_index_order(using=DEFAULT_DB_ALIAS):
+    """A block for count_overdue_of_biz_type: its planner settings (plan_counts_in_index_order)
+    hold inside it only. It reads, so it ends in a rollback, which also undoes the settings, in a
+    transaction of its own or in a savepoint of the caller's."""
+    with transaction.atomic(using=using):
+        fetch_one("plan_counts_in_index_order", using=connections[using])
+        yield
+        transaction.set_rollback(True, using=using)
+
+
 def overdue_by_biz_type(biz_types, now, *, limit=None, using=DEFAULT_DB_ALIAS) -> dict[str, Count]:
     """PENDING tasks due by `now`, per biz_type: exact up to `limit` each, else the planner's
     estimate (never below what was counted)."""
     limit = limit or OVERDUE_LIMIT
     found = {}
-    for biz_type in biz_types:
+    with counting_in_index_order(using):
+        counts = {biz_type: fetch_one("count_overdue_of_biz_type", {"biz_type": biz_type, "now": now,
+                                                                    "limit": limit + 1}, using=connections[using])["n"]
+                  for biz_type in biz_types}
+    for biz_type, counted in counts.items():
         params = {"biz_type": biz_type, "now": now}
-        counted = fetch_one("count_overdue_of_biz_type", {**params, "limit": limit + 1},
-                            using=connections[using])["n"]
         if counted <= limit:
             found[biz_type] = Count(counted, True)
         else:

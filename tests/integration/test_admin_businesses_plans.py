@@ -6,6 +6,7 @@ returns or skips more rows than its limit allows, however many match.
 """
 
 import json
+from contextlib import nullcontext
 from datetime import timedelta
 
 import pytest
@@ -72,12 +73,19 @@ def small_limits(monkeypatch):
 
 
 def plan_of(name, params, analyze=False):
-    """The plan of named query `name` with `params`, bound as the page binds them."""
-    with connection.cursor() as cursor:
+    """The plan of named query `name` with `params`, bound and planned as the page binds and plans them."""
+    with as_the_page_plans(QUERIES[name]), connection.cursor() as cursor:
         options = "ANALYZE, BUFFERS, FORMAT JSON" if analyze else "FORMAT JSON"
         cursor.execute(f"EXPLAIN ({options}) " + QUERIES[name], params)
         document = cursor.fetchone()[0]
     return (json.loads(document) if isinstance(document, str) else document)[0]["Plan"]
+
+
+def as_the_page_plans(sql):
+    """The overdue counts run in stats.counting_in_index_order(); the rest as they come."""
+    if sql.startswith(QUERIES["count_overdue_of_biz_type"].split("\n", 1)[0]):
+        return stats.counting_in_index_order()
+    return nullcontext()
 
 
 def rows_touched(plan):
@@ -171,9 +179,10 @@ def test_every_query_of_the_page_uses_indexes_and_is_bounded(admin_client, small
     sqls = [sql for sql in captured_sql(admin_client, URL) if not sql.startswith("EXPLAIN")]
     assert len(sqls) == 2 + 3 * len(shown), sqls
     for sql in sqls:
-        found, _ = scans(explain(sql))
+        with as_the_page_plans(sql):
+            found, _ = scans(explain(sql))
         assert found and not sequential(found), (sql, found)
-        with connection.cursor() as cursor:
+        with as_the_page_plans(sql), connection.cursor() as cursor:
             cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql)
             document = cursor.fetchone()[0]
         plan = (json.loads(document) if isinstance(document, str) else document)[0]["Plan"]

@@ -107,18 +107,34 @@ SELECT biz_type FROM found WHERE biz_type IS NOT NULL LIMIT %(limit)s;
 
 -- name: count_overdue_of_biz_type
 -- The PENDING tasks of one biz_type due by `now`, up to `limit`: one range of
--- timeouts_task_due_by_type per past partition, bounded by the row comparison, which no other
--- index can use. Through the run_at one, which PostgreSQL would take for a biz_type it believes
--- frequent among the due tasks, the count of a biz_type waiting beside another's backlog would
--- read the whole backlog; through a bitmap of the admin's (biz_type, action_time) one, every task
--- of the biz_type in the partition. Ordered, so that the LIMIT stops the index scan.
+-- timeouts_task_due_by_type per past partition, in that index's order, so that the LIMIT stops the
+-- scans once it has its rows. Run after plan_counts_in_index_order, in its transaction. The
+-- biz_type is given only inside the row comparisons that bound the range, never as `biz_type =`:
+-- PostgreSQL would then read `ORDER BY biz_type, run_at` as `ORDER BY run_at`, which the run_at
+-- index serves too, and take that one for a biz_type it believes frequent among the due tasks,
+-- filtering out every other biz_type's due task until it found this one's (beside another's
+-- backlog, the whole backlog). No other index has both columns.
 SELECT count(*) AS n FROM (
     SELECT 1 FROM timeouts_task
-    WHERE biz_type = %(biz_type)s AND status = :PENDING AND (biz_type, run_at) <= (%(biz_type)s, %(now)s)
+    WHERE status = :PENDING
+      AND (biz_type, run_at) >= (%(biz_type)s, '-infinity'::timestamptz)
+      AND (biz_type, run_at) <= (%(biz_type)s, %(now)s)
       AND action_time <= %(now)s
-    ORDER BY run_at
+    ORDER BY biz_type, run_at
     LIMIT %(limit)s
 ) AS bounded;
+
+
+-- name: plan_counts_in_index_order
+-- For the rest of the transaction, the plans that would read every overdue task of a biz_type
+-- (or of a partition) to count a few in count_overdue_of_biz_type are not considered: a sort, an
+-- incremental one (the partitions merged by biz_type alone, each biz_type's rows then sorted by
+-- run_at) and a bitmap scan (of the admin's (biz_type, action_time) index: every task of the
+-- biz_type, then sorted). PostgreSQL picks them when its estimates say few rows match, and the
+-- count exists for when many do. What is left is the order of the PENDING tasks' (biz_type,
+-- run_at) index, which the LIMIT stops.
+SELECT set_config('enable_sort', 'off', true), set_config('enable_incremental_sort', 'off', true),
+       set_config('enable_bitmapscan', 'off', true);
 
 
 -- name: overdue_of_biz_type
