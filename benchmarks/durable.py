@@ -88,7 +88,8 @@ def _worker(ctx, procs):
     return process
 
 
-def _expected(made, n, window, seed):
+def expected_due_times(made, n, window, seed):
+    """{index: due time} of the n calls made (benchmarks.calls), as it spread them."""
     return dict(enumerate(due_times("spread", n, base=made["base"], window=window, seed=seed)))
 
 
@@ -99,7 +100,7 @@ def _spread(ctx, procs, variant, rep) -> dict:
     if variant == "durable":
         procs.dispatcher(cfg.dispatcher_args)
     made = calls(ctx, variant, n=n, lead=cfg.lead, window=cfg.window, probe=2 * cfg.concurrency, seed=cfg.seed + rep)
-    expected = _expected(made, n, cfg.window, cfg.seed + rep)
+    expected = expected_due_times(made, n, cfg.window, cfg.seed + rep)
     wait = max(expected.values()).timestamp() - time.time() + cfg.wait_tail + n / 100.0
     wait_for_starts(ctx.conn, n, deadline=time.monotonic() + wait, check=procs.check,
                     label=f"durable_spread {variant}: started")
@@ -151,7 +152,7 @@ def _restart(ctx, procs, variant, rep) -> dict:
         procs.scan_loop(interval=cfg.scan_interval)
     made = calls(ctx, variant, n=n, lead=cfg.restart_from, window=window, probe=2 * cfg.concurrency,
                  seed=cfg.seed + rep)
-    expected = _expected(made, n, window, cfg.seed + rep)
+    expected = expected_due_times(made, n, window, cfg.seed + rep)
     calls_began = made["base"].timestamp() - cfg.restart_from
     _sleep_until(calls_began + cfg.restart_kill_at, procs)
     killed_at = _kill(procs, worker)
@@ -244,7 +245,6 @@ def _clean(out) -> dict:
 
 def ratios(runs) -> dict:
     """Per repeat: DurableTask against Celery's ETA, and against the idle worker."""
-
     out = {}
     for scenario, a, b, metrics in (
             ("durable_spread", "durable", "celery_eta", ("p50_ms", "p99_ms", "max_ms")),

@@ -227,7 +227,6 @@ def _unclaim(conn):
 
 
 def ratios(runs) -> dict:
-
     out = {}
     for scenario, a, b, metric in (("isolation_neighbour", "together", "spread_alone", "p99_ms"),
                                    ("isolation_neighbour", "together", "spread_alone", "p50_ms"),

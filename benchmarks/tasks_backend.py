@@ -15,7 +15,7 @@ import time
 from . import stats
 from .calls import DJANGO_TASK
 from .database import reset
-from .durable import _expected, calls
+from .durable import calls, expected_due_times
 from .pairs import by_rep
 from .processes import Processes, flush_broker
 from .workload import wait_for_starts, warm_worker
@@ -65,8 +65,7 @@ def _spread(ctx, procs, env, rep) -> dict:
     procs.dispatcher(cfg.dispatcher_args)
     made = calls(ctx, None, task=DJANGO_TASK, env=env, n=n, lead=cfg.lead, window=cfg.window,
                  probe=2 * cfg.concurrency, seed=cfg.seed + rep)
-
-    expected = _expected(made, n, cfg.window, cfg.seed + rep)
+    expected = expected_due_times(made, n, cfg.window, cfg.seed + rep)
     wait = max(expected.values()).timestamp() - time.time() + cfg.wait_tail + n / 100.0
     wait_for_starts(ctx.conn, n, deadline=time.monotonic() + wait, check=procs.check, label="tasks_spread: started")
     out = stats.analyze(expected, stats.direct_starts(ctx.conn))
@@ -98,7 +97,6 @@ def _clean(out) -> dict:
 
 def ratios(runs, peer_runs) -> dict:
     """Per repeat: TimeoutsBackend's number over the django-tasks-db peer's."""
-
     out = {}
     for scenario, metrics in PEER_METRICS.items():
         ours = [r for r in runs if r.get("scenario") == scenario and r.get("path") == "timeouts"]

@@ -312,9 +312,10 @@ def overdue_by_biz_type(biz_types, now, *, limit=None, using=DEFAULT_DB_ALIAS) -
     estimate (never below what was counted)."""
     limit = limit or OVERDUE_LIMIT
     found = {}
+    connection = connections[using]
     with counting_in_index_order(using):
-        counts = {biz_type: fetch_one("count_overdue_of_biz_type", {"biz_type": biz_type, "now": now,
-                                                                    "limit": limit + 1}, using=connections[using])["n"]
+        counts = {biz_type: fetch_one("count_overdue_of_biz_type",
+                                      {"biz_type": biz_type, "now": now, "limit": limit + 1}, using=connection)["n"]
                   for biz_type in biz_types}
     for biz_type, counted in counts.items():
         params = {"biz_type": biz_type, "now": now}
