@@ -17,16 +17,26 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def django_env(**extra) -> dict:
-    """Environment for a child process that uses the test database and the test broker."""
+    """Environment for a child process that uses the test databases and the test broker."""
     from django.conf import settings
-    from django.db import connection
 
-    db = connection.settings_dict
-    url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": url,
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "DATABASE_URL": database_url("default"),
            "TIMEOUTS_TEST_BROKER_URL": settings.CELERY_BROKER_URL, "PYTHONPATH": str(ROOT)}
+    for alias in getattr(settings, "SHARD_ALIASES", ()):
+        env[f"TIMEOUTS_TEST_{alias.upper()}_URL"] = database_url(alias)
+    shards = settings.TIMEOUTS.get("SHARDS")
+    if shards:
+        env["TIMEOUTS_TEST_SHARDS"] = ",".join(shards)
     env.update({key: str(value) for key, value in extra.items()})
     return env
+
+
+def database_url(alias) -> str:
+    """The URL of a database as this process uses it (the test database, once created)."""
+    from django.db import connections
+
+    db = connections[alias].settings_dict
+    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
 def spawn(args, *, env, log_name) -> subprocess.Popen:

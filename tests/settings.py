@@ -18,4 +18,17 @@ TASKS = {
     "retrying": {"BACKEND": "timeouts.backends.TimeoutsBackend", "QUEUES": ["default"],
                  "OPTIONS": {"MAX_ATTEMPTS": 3, "TTR": 3}},
 }
+# Two more databases for the shard tests (tests/*/test_shards*.py): on the test server, unless
+# TIMEOUTS_TEST_SHARD_B_URL / ..._C_URL point elsewhere (a process a test starts on the test
+# databases). They are created only for a run that collects a test asking for them. TIMEOUTS["SHARDS"]
+# names them only where a test says so, or in a process started with TIMEOUTS_TEST_SHARDS.
+SHARD_ALIASES = ("shard_b", "shard_c")
+for _alias in SHARD_ALIASES:
+    _url = os.environ.get(f"TIMEOUTS_TEST_{_alias.upper()}_URL")
+    _where = {key: value for key, value in dj_database_url.parse(_url).items()  # noqa: F405
+              if key in ("NAME", "USER", "PASSWORD", "HOST", "PORT")} if _url else {}
+    DATABASES[_alias] = {**DATABASES["default"], **_where,  # noqa: F405
+                         "TEST": {"NAME": f"{DATABASES['default']['TEST']['NAME']}_{_alias}"}}  # noqa: F405
+if os.environ.get("TIMEOUTS_TEST_SHARDS"):
+    TIMEOUTS = {**TIMEOUTS, "SHARDS": os.environ["TIMEOUTS_TEST_SHARDS"].split(",")}  # noqa: F405
 LOGGING["loggers"]["timeouts"]["level"] = os.environ.get("TIMEOUTS_LOG_LEVEL", "WARNING")  # noqa: F405

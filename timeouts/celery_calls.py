@@ -4,8 +4,9 @@
 A call is one row: biz_type `celery:<task name>` (see `biz_type_for`), biz_id the Celery task_id,
 attribute the call as JSON (`store`). When the row is claimed, `publish_calls` sends the
 Celery task's own message, with what Celery would have put in it, plus the row's fence in the
-`timeouts` header (`[job_id, action_time, attempt, partition]`, the arguments of a `timeouts.run`
-message): the worker's DurableTask starts only the message that owns the row's current attempt.
+`timeouts` header (`[job_id, action_time, attempt, partition, shard]`: the arguments of a
+`timeouts.run` message and its shard): the worker's DurableTask starts only the message that owns
+the row's current attempt.
 
 Nothing here imports the worker side: tasks are addressed by name.
 """
@@ -19,10 +20,10 @@ from datetime import datetime, timedelta
 
 from celery.utils.nodenames import anon_nodename
 from celery.utils.time import maybe_make_aware
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 from kombu.utils import json as kombu_json
 
-from . import events, validation
+from . import events, shards, validation
 from .conf import get_settings
 from .errors import InvalidAttribute
 from .queries import fetch_dicts
@@ -74,11 +75,12 @@ def is_call(biz_type: str) -> bool:
 
 # --- Storing a call (the caller's process) --------------------------------------------------------
 
-def store(app, name, args, kwargs, task_id, eta, options, *, ttr=None, using=DEFAULT_DB_ALIAS):
+def store(app, name, args, kwargs, task_id, eta, options, *, ttr=None):
     """Insert the call as a PENDING row due at `eta` (aware), in the caller's transaction if there
     is one. `options` are what Celery's Task.apply_async hands to send_task (the task's execution
     options merged in). Raises InvalidAttribute (a TimeoutsError) for what JSON cannot carry, or
-    a call over MAX_ATTRIBUTE_BYTES, before any statement: nothing is stored."""
+    a call over MAX_ATTRIBUTE_BYTES, before any statement: nothing is stored. The row goes to the
+    shard of its task_id (cancel() finds it there)."""
     from .models import TimeoutTask
     from .scheduling import NewTask, _insert
 
@@ -102,7 +104,8 @@ def store(app, name, args, kwargs, task_id, eta, options, *, ttr=None, using=DEF
     new = NewTask(biz_type=biz_type_for(name), biz_id=validation.biz_id(task_id), at=_utc(eta), delay=None,
                   attribute=attribute_text, max_attempts=settings.DEFAULT_MAX_ATTEMPTS, ttr=int(ttr),
                   on_conflict=None)
-    return events.scheduled(_insert(TimeoutTask, new, connections[using]), using)
+    where = shards.hashed(new.biz_id)
+    return events.scheduled(_insert(TimeoutTask, new, where, connections[where.alias]), where.alias)
 
 
 def _call(app, name, args, kwargs, task_id, options):
@@ -207,7 +210,7 @@ def _message(app, claim, call, eta_headroom):
     amqp = app.amqp
     name, args, kwargs = call["task"], call["args"], call["kwargs"]
     options = dict(call["options"])
-    options["headers"] = {**call["headers"], FENCE_HEADER: claim.message_args()}
+    options["headers"] = {**call["headers"], FENCE_HEADER: [*claim.message_args(), claim.shard]}
     message_options = dict(call["message"])
     for stamp, value in (message_options.pop("stamps", None) or {}).items():
         options[stamp] = value
@@ -227,11 +230,12 @@ def _message(app, claim, call, eta_headroom):
 
 # --- Cancelling -----------------------------------------------------------------------------------
 
-def cancel(task_id, *, using=DEFAULT_DB_ALIAS) -> bool:
+def cancel(task_id) -> bool:
     """Cancel every call of `task_id` still waiting; True means none of them will ever start."""
     if not isinstance(task_id, str):
         task_id = getattr(task_id, "id", task_id)  # an AsyncResult
     task_id = validation.biz_id(task_id)
+    using = shards.hashed(task_id).alias
     connection = connections[using]
     rows = retry_on_conflict(lambda: fetch_dicts("cancel_call", {"task_id": task_id}, using=connection), using=using)
     for row in rows:

@@ -13,14 +13,15 @@ mistakes that would otherwise show up later as tasks that never run.
 | timeouts.W003 | warning | a handler's queue is not among the Celery app's task_queues |
 | timeouts.W004 | warning | handlers' ORM queries open a connection per Celery task (no DB reuse, CONN_MAX_AGE 0) |
 | timeouts.W005 | warning | the Celery app is not wired by timeouts.celery.setup(), or a setting it sets differs |
+| timeouts.W006 | warning | a shard other than "default" lacks migrations or a partition for now (`check --database`) |
 """
 
 from datetime import timedelta
 from types import SimpleNamespace
 
 from django.conf import settings
-from django.core.checks import Error, Warning, register
-from django.db import connections, router
+from django.core.checks import Error, Tags, Warning, register
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router
 
 from . import conf, registry
 from .brokers import is_amqp
@@ -81,6 +82,56 @@ def check_settings(app_configs=None, **kwargs):
                  "seconds or minutes.",
             id="timeouts.E004"))
     return problems
+
+
+@register(Tags.database)
+def check_shards(app_configs=None, databases=None, **kwargs):
+    """Shards that could not hold a task now. Django itself reports the default database's
+    unapplied migrations; the other shards' only timeouts knows of. A database check: it connects,
+    so Django runs it only when asked for databases (`check --database`, `migrate`)."""
+    try:
+        aliases = conf.get_settings().SHARDS
+    except Exception:  # check_settings reports it
+        return []
+    problems = []
+    for alias in aliases:
+        if alias == DEFAULT_DB_ALIAS or alias not in (databases or ()) or alias not in connections:
+            continue
+        try:
+            missing = _unapplied_migrations(alias)
+            uncovered = not missing and not _has_partition_for_now(alias)
+        except DatabaseError as exc:
+            problems.append(Warning(f"timeouts cannot read the shard {alias!r}: {exc}".strip(),
+                                    id="timeouts.W006"))
+            continue
+        if missing:
+            problems.append(Warning(
+                f"The shard {alias!r} lacks timeouts' migrations {', '.join(missing)}: tasks routed to it fail.",
+                hint=f"Run: manage.py migrate --database {alias}", id="timeouts.W006"))
+        elif uncovered:
+            problems.append(Warning(
+                f"The shard {alias!r} has no partition for the current time: its tasks wait in the DEFAULT "
+                f"partition.", hint=f"Run: manage.py timeouts_partitions --database {alias}, and the "
+                                    "timeouts.maintain beat task, which maintains every shard.",
+                id="timeouts.W006"))
+    return problems
+
+
+def _unapplied_migrations(alias) -> list[str]:
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connections[alias])
+    targets = [node for node in executor.loader.graph.leaf_nodes() if node[0] == "timeouts"]
+    return [migration.name for migration, _ in executor.migration_plan(targets)]
+
+
+def _has_partition_for_now(alias) -> bool:
+    from .partitions import list_partitions
+    from .queries import fetch_one
+
+    connection = connections[alias]
+    now = fetch_one("database_now", using=connection)["now"]
+    return any(partition.overlaps(now, now + timedelta(microseconds=1)) for partition in list_partitions(connection))
 
 
 def _celery_app():

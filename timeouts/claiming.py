@@ -9,7 +9,7 @@ import contextlib
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import Error
+from django.db import DEFAULT_DB_ALIAS, Error
 from django.db.transaction import TransactionManagementError
 
 from . import events, faults, own_connection
@@ -29,6 +29,7 @@ class Claim:
     claimed_at: datetime  # database clock
     partition: str  # the partition that held the row when it was claimed
     call: object = None  # a stored Celery call's attribute (JSON), which its message is made of
+    shard: str = DEFAULT_DB_ALIAS  # the alias of the database that holds the row
 
     @property
     def eta(self):
@@ -39,6 +40,11 @@ class Claim:
         """What `timeouts.run` receives: enough to address the row (its key, and the partition where
         the worker's UPDATEs can go straight) and to fence stale messages."""
         return [self.job_id, self.action_time.isoformat(), self.attempt, self.partition]
+
+    def message_kwargs(self):
+        """The keyword arguments of its `timeouts.run` or `timeouts.run_batch` message: the shard
+        that holds the row, unless it is the default (a single database's messages name none)."""
+        return {} if self.shard == DEFAULT_DB_ALIAS else {"shard": self.shard}
 
     def batch_item(self):
         """One task of a `timeouts.run_batch` message: run_at too, so the worker can wait for it."""
@@ -67,11 +73,12 @@ def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
     rows = events.dispatched(retry_on_conflict(claim))
     if rows:
         faults.fault("claim.after_commit")
+    shard = own_connection.current().alias
     return sorted(
         (
             Claim(
                 row["job_id"], row["action_time"], row["run_at"], row["biz_type"], row["attempts"] + 1, row["ttr"],
-                row["claimed_at"], row["partition"], row["call"],
+                row["claimed_at"], row["partition"], row["call"], shard,
             )
             for row in rows
         ),

@@ -36,6 +36,11 @@ class Settings:
     # run one after another, each with its own compare-and-set: Celery's cost per message, which is
     # most of the cost of a quick handler, is paid once per batch. 1 sends every task on its own.
     RUN_BATCH_SIZE: int = 20
+    # The Django database aliases that hold timeouts' tables (shards.py): a task lives on the one
+    # its biz_id hashes to, or on the one SHARD_ROUTER (a dotted path to f(biz_type, biz_id) ->
+    # alias) picks.
+    SHARDS: tuple = ("default",)
+    SHARD_ROUTER: str | None = None
 
     def __post_init__(self):
         problems = list(_problems(self))
@@ -68,10 +73,25 @@ def _problems(s):
     yield from number("RUN_BATCH_SIZE", 1, integer=True)
     if not isinstance(s.DISPATCHER_IN_WORKER, bool):
         yield f"DISPATCHER_IN_WORKER must be True or False, got {s.DISPATCHER_IN_WORKER!r}"
+    yield from _shard_problems(s)
     channel = s.NOTIFY_CHANNEL
     if not isinstance(channel, str) or not channel or len(channel.encode()) > 63:
         # PostgreSQL silently truncates longer identifiers: two apps could then share a channel.
         yield f"NOTIFY_CHANNEL must be a non-empty string of at most 63 bytes, got {channel!r}"
+
+
+def _shard_problems(s):
+    shards = s.SHARDS
+    if isinstance(shards, str) or not isinstance(shards, (list, tuple)) or not shards:
+        yield f"SHARDS must be a non-empty list of database aliases, got {shards!r}"
+        return
+    for alias in shards:
+        if alias not in django_settings.DATABASES:
+            yield f"SHARDS: {alias!r} is not a database alias (DATABASES has {', '.join(django_settings.DATABASES)})"
+    if len(set(shards)) != len(shards):
+        yield f"SHARDS must name each alias once, got {list(shards)!r}"
+    if s.SHARD_ROUTER is not None and (not isinstance(s.SHARD_ROUTER, str) or "." not in s.SHARD_ROUTER):
+        yield f"SHARD_ROUTER must be the dotted path of a function, got {s.SHARD_ROUTER!r}"
 
 
 def notify_params() -> dict:
@@ -89,6 +109,8 @@ def get_settings() -> Settings:
     unknown = sorted(set(given) - KEYS)
     if unknown:
         raise ImproperlyConfigured(f"TIMEOUTS setting: unknown key(s) {', '.join(unknown)}")
+    if isinstance(given.get("SHARDS"), list):
+        given = {**given, "SHARDS": tuple(given["SHARDS"])}  # one type, whichever the host wrote
     return Settings(**given)
 
 

@@ -20,9 +20,10 @@ import threading
 import time
 
 import psycopg
+from django.db import DEFAULT_DB_ALIAS
 from django.db import Error as DjangoDatabaseError
 
-from . import isolation, own_connection
+from . import isolation, own_connection, shards
 from .bounded_publishing import PublishFailed, publish_bounded, warm_up_broker
 from .claiming import MAX_CLAIM, claim_due
 from .conf import get_settings
@@ -71,16 +72,21 @@ class Stats:
 
 
 class Dispatcher:
-    def __init__(self, *, lead=None, batch_size=None, listener=None, stop=None, clock=time.monotonic,
-                 keepalive_interval=KEEPALIVE_INTERVAL, publish_timeout=PUBLISH_TIMEOUT, stats=None):
+    """Dispatches the tasks of one shard (`alias`); `run_on_every_shard` runs one per shard."""
+
+    def __init__(self, *, alias=DEFAULT_DB_ALIAS, lead=None, batch_size=None, listener=None, stop=None,
+                 clock=time.monotonic, keepalive_interval=KEEPALIVE_INTERVAL, publish_timeout=PUBLISH_TIMEOUT,
+                 stats=None):
         settings = get_settings()
+        self.alias = alias
         self.lead = float(settings.DISPATCH_LEAD if lead is None else lead)
         self.batch_size = min(settings.SCAN_BATCH_SIZE if batch_size is None else batch_size, MAX_CLAIM)
         # Tasks due beyond the horizon send no NOTIFY: reading every horizon / 2 finds them in time.
         # Never more often than once a second (the idle budget), whatever the horizon.
         self.read_interval = max(1.0, min(keepalive_interval, settings.NOTIFY_HORIZON / 2))
         self.publish_timeout = publish_timeout
-        self.listener = listener or Listener(settings.NOTIFY_CHANNEL, connection_params(query_timeout=QUERY_TIMEOUT),
+        self.listener = listener or Listener(settings.NOTIFY_CHANNEL,
+                                             connection_params(alias, query_timeout=QUERY_TIMEOUT),
                                              query_timeout=QUERY_TIMEOUT)
         self.stop = stop or threading.Event()
         self.clock = clock
@@ -100,9 +106,10 @@ class Dispatcher:
 
     def run(self):
         """Dispatch until `stop` is set. Survives database and broker faults."""
-        logger.info("timeouts.dispatcher: started (lead %s s, batch %s)", self.lead, self.batch_size)
+        logger.info("timeouts.dispatcher: started on %s (lead %s s, batch %s)", self.alias, self.lead,
+                    self.batch_size)
         warm_up_broker()
-        with own_connection.used():
+        with own_connection.used(self.alias):
             self._run()
 
     def _run(self):
@@ -268,3 +275,18 @@ class Dispatcher:
             self.empty_claims = 0
             self.contention_backoff.reset()
         self.reconnect_backoff.reset()
+
+
+def run_on_every_shard(stop: threading.Event, **options):
+    """A dispatcher per shard, each in a thread of its own with its own connections, until `stop`
+    is set: a shard that is down or slow holds back only its own dispatcher (which backs off alone)."""
+    aliases = shards.aliases()
+    if len(aliases) == 1:
+        Dispatcher(alias=aliases[0], stop=stop, **options).run()
+        return
+    threads = [threading.Thread(target=Dispatcher(alias=alias, stop=stop, **options).run,
+                                name=f"timeouts-dispatcher-{alias}", daemon=True) for alias in aliases]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()

@@ -26,14 +26,16 @@ import threading
 import time
 import traceback
 from datetime import datetime, timedelta
+from functools import partial
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry, TimeLimitExceeded
 from celery.utils.time import maybe_make_aware
 from dateutil.parser import isoparse
+from django.db import DEFAULT_DB_ALIAS
 from kombu.utils.uuid import uuid
 
-from . import celery_calls, registry
+from . import celery_calls, registry, shards
 from .celery_calls import FENCE_HEADER
 
 logger = logging.getLogger(__name__)
@@ -133,10 +135,11 @@ def _run_fenced(task, fence, body, args, kwargs):
     from .publishing import ETA_HEADROOM
     from .queries import is_partition_name
 
-    job_id, action_time, attempt, partition = fence
+    job_id, action_time, attempt, partition, *rest = fence
+    shard = rest[0] if rest else DEFAULT_DB_ALIAS  # published before shards had a place in the fence
     key = {"job_id": job_id, "action_time": datetime.fromisoformat(action_time)}
     partition = partition if is_partition_name(partition) else None
-    with own_connection.used():
+    with own_connection.used(shard):
         # A call claimed ahead reaches its worker ETA_HEADROOM before its eta: its start is recorded
         # then, and start() returns at the eta by the database clock, so the body starts on time
         # instead of a durable commit later.
@@ -146,28 +149,29 @@ def _run_fenced(task, fence, body, args, kwargs):
                     task.name, task.request.id, job_id, attempt)
         raise Ignore()
     events.started(row, attempt)
-    _heartbeat.add(key, attempt, row.ttr)
+    _heartbeat.add(shard, key, attempt, row.ttr)
+    end = partial(_end, row, shard, key, attempt)
     try:
         result = body(*args, **kwargs)
     except Retry as exc:
-        _end(row, key, attempt, row.Status.DONE, f"retried: {exc}")
+        end(row.Status.DONE, f"retried: {exc}")
         raise
     except Ignore:  # the task asked Celery to record nothing (Task.replace() does so too)
-        _end(row, key, attempt, row.Status.DONE, "")
+        end(row.Status.DONE, "")
         raise
     except Reject as exc:
         # Rejected, also when a retry could not be sent: the call did not complete. A message
         # Celery requeues would find its row ended, so the row is left for an operator to requeue.
-        _end(row, key, attempt, row.Status.DEAD, f"rejected: {exc.reason!r}")
+        end(row.Status.DEAD, f"rejected: {exc.reason!r}")
         raise
     except Exception:
-        _end(row, key, attempt, row.Status.DEAD, traceback.format_exc()[-MAX_ERROR_LENGTH:])
+        end(row.Status.DEAD, traceback.format_exc()[-MAX_ERROR_LENGTH:])
         raise
     else:
-        _end(row, key, attempt, row.Status.DONE, "")
+        end(row.Status.DONE, "")
         return result
     finally:  # also when the worker is shutting down (SystemExit): its lease then runs out
-        _heartbeat.remove(key)
+        _heartbeat.remove(shard, key)
 
 
 def _end_timed_out(task_id, exc):
@@ -175,7 +179,7 @@ def _end_timed_out(task_id, exc):
     from .queries import fetch_dicts
 
     try:
-        with own_connection.used():
+        with own_connection.used(shards.hashed(task_id).alias):  # where celery_calls.store() put it
             rows = fetch_dicts("end_timed_out_call", {"task_id": task_id, "error": f"killed: {exc!r}"})
     except Exception:
         logger.exception("timeouts: could not record that call %s was killed at its time limit", task_id)
@@ -184,15 +188,15 @@ def _end_timed_out(task_id, exc):
         events.emit("dead", row["biz_type"])
 
 
-def _end(row, key, attempt, status, error):
+def _end(row, shard, key, attempt, status, error):
     """Record the outcome; a failure to record it is logged, not raised: the task's own outcome
     stands, and the row's lease runs out (the call runs again: at least once)."""
     from . import events, own_connection, running
 
-    _heartbeat.remove(key)
+    _heartbeat.remove(shard, key)
     params = {**key, "attempt": attempt, "status": int(status), "error": error}
     try:
-        with own_connection.used():
+        with own_connection.used(shard):
             matched = running.record_outcome("end_call", params)
     except Exception:
         logger.exception("timeouts: could not record the outcome of %s", row)
@@ -213,21 +217,21 @@ class _Heartbeat:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.running = {}  # (job_id, action_time) -> (attempt, ttr)
+        self.running = {}  # (shard, job_id, action_time) -> (attempt, ttr)
         self.wake = threading.Event()
         self.pid = None
 
-    def add(self, key, attempt, ttr):
+    def add(self, shard, key, attempt, ttr):
         with self.lock:
-            self.running[key["job_id"], key["action_time"]] = (attempt, ttr)
+            self.running[shard, key["job_id"], key["action_time"]] = (attempt, ttr)
             if self.pid != os.getpid():  # none yet in this process (a pool process is forked)
                 self.pid = os.getpid()
                 threading.Thread(target=self._beat, name="timeouts-call-leases", daemon=True).start()
         self.wake.set()
 
-    def remove(self, key):
+    def remove(self, shard, key):
         with self.lock:
-            self.running.pop((key["job_id"], key["action_time"]), None)
+            self.running.pop((shard, key["job_id"], key["action_time"]), None)
 
     def _beat(self):
         from . import own_connection
@@ -250,15 +254,19 @@ class _Heartbeat:
                 running = dict(self.running)
             if not running:
                 continue
-            params = {"job_ids": [job_id for job_id, _ in running],
-                      "action_times": [action_time for _, action_time in running],
-                      "attempts": [attempt for attempt, _ in running.values()]}
-            try:
-                with own_connection.used():
-                    fetch_dicts("extend_call_leases", params)
-            except Exception:
-                logger.exception("timeouts: could not extend the leases of %d running calls", len(running))
-                own_connection.close()
+            by_shard = {}
+            for (shard, job_id, action_time), (attempt, _) in running.items():
+                by_shard.setdefault(shard, []).append((job_id, action_time, attempt))
+            for shard, calls in by_shard.items():
+                params = {"job_ids": [job_id for job_id, _, _ in calls],
+                          "action_times": [action_time for _, action_time, _ in calls],
+                          "attempts": [attempt for _, _, attempt in calls]}
+                try:
+                    with own_connection.used(shard):
+                        fetch_dicts("extend_call_leases", params)
+                except Exception:
+                    logger.exception("timeouts: could not extend the leases of %d running calls", len(calls))
+                    own_connection.close()
 
 
 _heartbeat = _Heartbeat()

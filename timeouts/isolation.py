@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from . import own_connection
+from . import own_connection, shards
 from .conf import notify_params
 from .errors import InvalidOption, UnknownBizType
 from .queries import execute, fetch_dicts, fetch_one
@@ -48,7 +48,7 @@ def limits(biz_type, *, using=DEFAULT_DB_ALIAS) -> Limits:
     return Limits(row["rate_limit"], row["concurrency"], row["paused"])
 
 
-def set_limits(biz_type, rate_limit=None, concurrency=None, *, using=DEFAULT_DB_ALIAS) -> None:
+def set_limits(biz_type, rate_limit=None, concurrency=None, *, using=None) -> None:
     """Replace the handler's own limits of `biz_type` with these (None: no limit), in the database,
     until the next set_limits() or reset_limits(). In force at every claimer's next claim."""
     _known(biz_type)
@@ -56,20 +56,20 @@ def set_limits(biz_type, rate_limit=None, concurrency=None, *, using=DEFAULT_DB_
     _change("override_limits", biz_type, using, rate_limit=rate_limit, concurrency=concurrency)
 
 
-def reset_limits(biz_type, *, using=DEFAULT_DB_ALIAS) -> None:
+def reset_limits(biz_type, *, using=None) -> None:
     """Drop set_limits()' override of `biz_type`: the handler's own limits are in force again."""
     _known(biz_type)
     _change("reset_limits", biz_type, using)
 
 
-def pause(biz_type, *, using=DEFAULT_DB_ALIAS) -> None:
+def pause(biz_type, *, using=None) -> None:
     """No task of `biz_type` is claimed until resume(); tasks already claimed or running finish as
     usual. Its due tasks wait, PENDING, and count as late."""
     _known(biz_type)
     _change("pause_biz_type", biz_type, using, paused=True)
 
 
-def resume(biz_type, *, using=DEFAULT_DB_ALIAS) -> None:
+def resume(biz_type, *, using=None) -> None:
     """Undo pause(): the due tasks of `biz_type` are claimed again, oldest first, within its limits."""
     _known(biz_type)
     _change("pause_biz_type", biz_type, using, paused=False)
@@ -108,7 +108,9 @@ def _declared(biz_type):
 
 
 def _change(query, biz_type, using, **values):
+    """The change on `using`, else on every shard (each shard's claims read its own table)."""
     rate_limit, concurrency = _declared(biz_type)
     params = {"biz_type": biz_type, "declared_rate_limit": rate_limit, "declared_concurrency": concurrency,
               **values, **notify_params()}
-    execute(query, params, using=connections[using]).close()
+    for alias in shards.aliases() if using is None else (using,):
+        execute(query, params, using=connections[alias]).close()

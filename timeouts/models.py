@@ -2,7 +2,7 @@
 
 The table itself is created by SQL (see migrations/0001_initial.py): it is partitioned by
 action_time, its database key is (job_id, action_time), and CHECK constraints hold the state rules.
-Django sees `job_id` as the primary key, which is unique on its own (one sequence).
+Django sees `job_id` as the primary key, which is unique on its own, across shards too (shards.py).
 """
 
 from django.db import connection, models
@@ -30,18 +30,20 @@ class TimeoutTaskQuerySet(models.QuerySet):
 
 
 class TimeoutTaskManager(models.Manager.from_queryset(TimeoutTaskQuerySet)):
+    # The writes go to the shard of the task's (biz_type, biz_id) (shards.py), unless the manager
+    # was given a database (`TimeoutTask.objects.db_manager(alias)`).
     def schedule(self, biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=None):
         """Create a task (docs: reference/api). Returns the new task, or with on_conflict="keep" the kept one."""
         return scheduling.schedule(self.model, biz_type, biz_id, at=at, delay=delay, attribute=attribute,
-                                   on_conflict=on_conflict, using=self.db)
+                                   on_conflict=on_conflict, using=self._db)
 
     def bulk_schedule(self, items):
         """Schedule many tasks in one transaction from dicts with schedule()'s keys; returns the count."""
-        return scheduling.bulk_schedule(self.model, items, using=self.db)
+        return scheduling.bulk_schedule(self.model, items, using=self._db)
 
     def cancel(self, biz_type, biz_id):
         """Cancel every task of (biz_type, biz_id) that has not started; returns how many."""
-        return transitions.cancel_by_key(biz_type, biz_id, using=self.db)
+        return transitions.cancel_by_key(biz_type, biz_id, using=self._db)
 
 
 class TimeoutTask(models.Model):

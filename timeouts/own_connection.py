@@ -42,43 +42,58 @@ _local = threading.local()
 
 def current():
     """The connection timeouts' statements use in this thread now: its own inside `used()`, else
-    Django's."""
+    Django's for the first shard."""
     return getattr(_local, "active", None) or connections[DEFAULT_DB_ALIAS]
 
 
 @contextmanager
-def used():
-    """Run the block's timeouts statements on this thread's own connection."""
-    if getattr(_local, "active", None) is not None:
+def used(alias=DEFAULT_DB_ALIAS):
+    """Run the block's timeouts statements on this thread's own connection to `alias` (a shard)."""
+    active = getattr(_local, "active", None)
+    if active is not None and active.alias == alias:
         yield
         return
-    _local.active = _connection()
+    _local.active = _connection(alias)
     try:
         yield
     finally:
-        _local.active = None
+        _local.active = active
 
 
-def _connection():
-    """This thread's own connection, made at first use. A child forked from a process that had one
-    makes its own: the socket is the parent's, so the copy is dropped without a word to the server
-    (closing it would end the parent's session)."""
+@contextmanager
+def shared(alias):
+    """Run the block's timeouts statements on Django's own connection to `alias`, which the host's
+    code in this thread shares (the beat tasks: Django's connection handling applies)."""
+    active = getattr(_local, "active", None)
+    _local.active = connections[alias]
+    try:
+        yield
+    finally:
+        _local.active = active
+
+
+def _connection(alias):
+    """This thread's own connection to `alias`, made at first use. A child forked from a process
+    that had some makes its own: the sockets are the parent's, so the copies are dropped without a
+    word to the server (closing them would end the parent's sessions)."""
     kept = getattr(_local, "kept", None)
-    if kept is not None and kept[0] == os.getpid():
-        return kept[1]
-    django_connection = connections[DEFAULT_DB_ALIAS]
-    settings_dict = copy.deepcopy(django_connection.settings_dict)
-    options = settings_dict.setdefault("OPTIONS", {})
-    options.setdefault("prepare_threshold", PSYCOPG_PREPARE_THRESHOLD)
-    options.pop("pool", None)
-    wrapper = type(django_connection)(settings_dict, DEFAULT_DB_ALIAS)
-    _local.kept = (os.getpid(), wrapper)
+    if kept is None or kept[0] != os.getpid():
+        kept = _local.kept = (os.getpid(), {})
+    wrapper = kept[1].get(alias)
+    if wrapper is None:
+        django_connection = connections[alias]
+        settings_dict = copy.deepcopy(django_connection.settings_dict)
+        options = settings_dict.setdefault("OPTIONS", {})
+        options.setdefault("prepare_threshold", PSYCOPG_PREPARE_THRESHOLD)
+        options.pop("pool", None)
+        wrapper = kept[1][alias] = type(django_connection)(settings_dict, alias)
     return wrapper
 
 
 def close():
-    """Close this thread's own connection, if it has one (tests; a worker process just exits)."""
+    """Close this thread's own connections, if it has any (tests; a worker process just exits)."""
     kept = getattr(_local, "kept", None)
     _local.kept = None
     if kept is not None and kept[0] == os.getpid():
-        kept[1].close()
+        for wrapper in kept[1].values():
+            wrapper.close()

@@ -56,7 +56,8 @@ BACKLOG_AFTER = timedelta(seconds=1)
 
 
 def publish(claims) -> int:
-    """Publish the claims; on a broker error, release what was not sent and re-raise. Claims of
+    """Publish the claims (of one shard: one claim_due's, on the connection of this thread that
+    made them); on a broker error, release what was not sent and re-raise. Claims of
     stored Celery calls (DurableTask) go as their tasks' own messages (celery_calls.py), the
     others as below."""
     calls = [claim for claim in claims if is_call(claim.biz_type)]
@@ -100,7 +101,7 @@ def _publish_runs(claims) -> int:
     if app.conf.task_always_eager:
         # A host's tests often run Celery eagerly: only a task's apply_async honours that.
         for claim in claims:
-            app.tasks[RUN].apply_async(args=claim.message_args())
+            app.tasks[RUN].apply_async(args=claim.message_args(), kwargs=claim.message_kwargs())
         return len(claims)
     amqp = app.amqp
     routes = {}
@@ -124,8 +125,10 @@ def _publish_runs(claims) -> int:
                     name, args, time_limit = RUN_BATCH, [[c.batch_item() for c in batch]], ttr + BUDGET
                     if eta is not None:
                         eta -= ETA_HEADROOM
-                message = amqp.create_task_message(uuid(), name, args, {}, eta=eta, time_limit=time_limit,
-                                                   argsrepr=_args_repr(args, amqp.argsrepr_maxsize), kwargsrepr="{}")
+                kwargs = batch[0].message_kwargs()  # the claims' shard
+                message = amqp.create_task_message(uuid(), name, args, kwargs, eta=eta, time_limit=time_limit,
+                                                   argsrepr=_args_repr(args, amqp.argsrepr_maxsize),
+                                                   kwargsrepr=repr(kwargs))
                 options = routes[queue]
                 priority = backlog if in_backlog else on_time
                 if priority is not None:

@@ -1,26 +1,47 @@
-"""The safety-net scan run by Celery beat: recover expired leases, then claim and publish due
-tasks, batch after batch while batches come back full."""
+"""The safety-net scan run by Celery beat: on every shard, recover expired leases, then claim and
+publish due tasks, batch after batch while batches come back full."""
 
+import logging
 import time
 
-from . import isolation
+from django.db import DatabaseError
+
+from . import isolation, own_connection, shards
 from .claiming import MAX_CLAIM, claim_due
 from .conf import get_settings
 from .publishing import publish
 from .recovery import recover_expired
 
+logger = logging.getLogger(__name__)
+
 
 def scan(*, max_seconds=None) -> int:
     """Returns how many tasks were published. Stops after `max_seconds` (default SCAN_INTERVAL)
-    so a long backlog is shared with the next beat-triggered scan instead of piling scans up."""
+    so a long backlog is shared with the next beat-triggered scan instead of piling scans up. A
+    shard that fails is logged and left for the next scan: the others are scanned all the same."""
     settings = get_settings()
     deadline = time.monotonic() + (settings.SCAN_INTERVAL if max_seconds is None else max_seconds)
+    aliases = shards.aliases()
+    if len(aliases) == 1:
+        with own_connection.shared(aliases[0]):
+            return _scan_shard(deadline)
+    published = 0
+    for alias in aliases:
+        try:
+            with own_connection.shared(alias):
+                published += _scan_shard(deadline)
+        except DatabaseError:
+            logger.exception("timeouts: the scan of shard %r failed; the next scan tries again", alias)
+    return published
+
+
+def _scan_shard(deadline) -> int:
     recover_expired()
     # The handlers' own limits, as the code this process runs declares them (isolation.py): in
     # force everywhere within SCAN_INTERVAL of a deploy.
     isolation.declare()
     published = 0
-    batch = min(settings.SCAN_BATCH_SIZE, MAX_CLAIM)
+    batch = min(get_settings().SCAN_BATCH_SIZE, MAX_CLAIM)
     while True:
         claims = claim_due(batch)
         published += publish(claims)

@@ -4,12 +4,13 @@ Input is validated completely before the first statement, so a rejected call sto
 Both run in the caller's transaction when there is one: a rollback means the task never existed.
 """
 
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import connections, transaction
 
-from . import events, validation
+from . import events, shards, validation
 from .conf import get_settings, notify_params
 from .errors import TaskConflict, TimeoutsError
 from .queries import execute, fetch_dicts, fetch_one, fetch_values
@@ -33,8 +34,10 @@ class NewTask:
     ttr: int
     on_conflict: str | None
 
-    def params(self):
+    def params(self, slot: int | None = None):
+        """insert_task's parameters; `slot`: the task's (shards.place()), by default its biz_id's."""
         return {
+            "slot": shards.slot_of(self.biz_id) if slot is None else slot,
             "biz_type": self.biz_type,
             "biz_id": self.biz_id,
             "at": self.at,
@@ -62,16 +65,18 @@ def prepare(biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflic
     )
 
 
-def schedule(model, biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=None, using="default"):
+def schedule(model, biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=None, using=None):
+    """`using`: the shard, when the caller chose it; else the one the task's key belongs to."""
     new = prepare(biz_type, biz_id, at=at, delay=delay, attribute=attribute, on_conflict=on_conflict)
+    where = shards.place(new.biz_type, new.biz_id, using)
     if new.on_conflict is None:
-        return events.scheduled(_insert(model, new, connections[using]), using)
-    with transaction.atomic(using=using):
-        task, _created = _schedule_keyed(model, new, using)
+        return events.scheduled(_insert(model, new, where, connections[where.alias]), where.alias)
+    with transaction.atomic(using=where.alias):
+        task, _created = _schedule_keyed(model, new, where)
     return task
 
 
-def _schedule_keyed(model, new: NewTask, using):
+def _schedule_keyed(model, new: NewTask, where: shards.Place):
     """At most one waiting task per (biz_type, biz_id), race-free across processes.
 
     Returns (task, created).
@@ -79,6 +84,7 @@ def _schedule_keyed(model, new: NewTask, using):
     same key waits, then sees this task. (It relies on READ COMMITTED, Django's default: each
     statement sees what committed before it started.)
     """
+    using = where.alias
     connection = connections[using]
     key = {"biz_type": new.biz_type, "biz_id": new.biz_id}
     execute("lock_biz_key", {"namespace": ADVISORY_LOCK_NAMESPACE, **key}, using=connection).close()
@@ -94,23 +100,27 @@ def _schedule_keyed(model, new: NewTask, using):
             return model._from_row(waiting[0], using), False
         replaced = execute("cancel_by_key", {**key, "statuses": list(WAITING)}, using=connection)
         events.cancelled_rows(new.biz_type, replaced, using)
-    return events.scheduled(_insert(model, new, connection), using), True
+    return events.scheduled(_insert(model, new, where, connection), using), True
 
 
-def _insert(model, new: NewTask, connection):
+def _insert(model, new: NewTask, where: shards.Place, connection):
     """INSERT one task; returns it as stored: the query returns what the database decided, the call
     gives the rest. A statement that is its own transaction notifies without the once-per-transaction
     function (insert_task_autocommit)."""
     query = "insert_task_autocommit" if connection.get_autocommit() else "insert_task"
-    job_id, action_time, attribute, created_at, _notified = fetch_values(query, new.params(), using=connection)
+    row = fetch_values(query, new.params(where.slot), using=connection)
+    job_id, action_time, attribute, created_at, _notified = row
     return model._inserted(
         connection.alias, job_id=job_id, biz_type=new.biz_type, biz_id=new.biz_id, action_time=action_time,
         attribute=attribute, max_attempts=new.max_attempts, ttr=new.ttr, created_at=created_at,
     )
 
 
-def bulk_schedule(model, items, *, using="default") -> int:
-    """Schedule every item or none; returns how many tasks were created."""
+def bulk_schedule(model, items, *, using=None) -> int:
+    """Schedule every item or none; returns how many tasks were created. Input is checked before
+    anything is written. With several shards, each shard's tasks are written in a transaction of
+    that shard, all committed together at the end: only a shard that fails at its own commit can
+    leave the others' tasks stored. `using`: one shard for all, when the caller chose it."""
     if isinstance(items, (str, bytes, dict)) or not hasattr(items, "__iter__"):
         raise TimeoutsError(f"bulk_schedule() takes an iterable of dicts, got {type(items).__name__}")
     prepared = []
@@ -125,17 +135,29 @@ def bulk_schedule(model, items, *, using="default") -> int:
             raise type(exc)(f"item {index}: {exc}") from None
     if not prepared:
         return 0
-    plain = [new for new in prepared if new.on_conflict is None]
-    keyed = [new for new in prepared if new.on_conflict is not None]
+    by_shard = {}
+    for new in prepared:
+        where = shards.place(new.biz_type, new.biz_id, using)
+        by_shard.setdefault(where.alias, []).append((new, where))
+    with ExitStack() as transactions:
+        for alias in by_shard:
+            transactions.enter_context(transaction.atomic(using=alias))
+        return sum(_bulk_schedule_on(model, alias, placed) for alias, placed in by_shard.items())
+
+
+def _bulk_schedule_on(model, alias, placed) -> int:
+    """One shard's part of bulk_schedule(), inside its transaction."""
+    connection = connections[alias]
+    plain = [(new, where) for new, where in placed if new.on_conflict is None]
     created = 0
-    with transaction.atomic(using=using):
-        if plain:
-            earliest = _copy(plain, connections[using])
-            execute("notify_deadline", {"deadline": earliest, **notify_params()}, using=connections[using]).close()
-            created += len(plain)
-            events.scheduled_batch((new.biz_type for new in plain), using)
-        for new in keyed:
-            _task, was_created = _schedule_keyed(model, new, using)
+    if plain:
+        earliest = _copy(plain, connection)
+        execute("notify_deadline", {"deadline": earliest, **notify_params()}, using=connection).close()
+        created += len(plain)
+        events.scheduled_batch((new.biz_type for new, _ in plain), alias)
+    for new, where in placed:
+        if new.on_conflict is not None:
+            _task, was_created = _schedule_keyed(model, new, where)
             created += was_created
     return created
 
@@ -143,13 +165,20 @@ def bulk_schedule(model, items, *, using="default") -> int:
 def _copy(rows, connection):
     """COPY the rows in; returns the earliest action_time, for the one NOTIFY of the batch."""
     now = earliest = None
-    if any(new.delay is not None for new in rows):
+    if any(new.delay is not None for new, _ in rows):
         # One reading of the database clock for the whole batch.
         now = fetch_one("database_now", using=connection)["now"]
-    statement = f"COPY timeouts_task ({', '.join(COPY_COLUMNS)}) FROM STDIN"
+    job_ids = _job_ids(connection, [where.slot for _, where in rows])
+    statement = f"COPY timeouts_task ({', '.join(('job_id', *COPY_COLUMNS))}) FROM STDIN"
     with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
-        for new in rows:
+        for (new, _), job_id in zip(rows, job_ids, strict=True):
             at = new.at if new.delay is None else now + new.delay
-            copy.write_row((new.biz_type, new.biz_id, at, at, new.attribute, new.max_attempts, new.ttr))
+            copy.write_row((job_id, new.biz_type, new.biz_id, at, at, new.attribute, new.max_attempts, new.ttr))
             earliest = at if earliest is None else min(earliest, at)
     return earliest
+
+
+def _job_ids(connection, slots) -> list[int]:
+    """The job_ids of new tasks in these slots, as insert_task makes them (shards.py)."""
+    values = fetch_one("next_job_ids", {"count": len(slots)}, using=connection)["values"]
+    return [value * shards.SLOTS + slot for value, slot in zip(values, slots, strict=True)]

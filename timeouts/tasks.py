@@ -1,14 +1,17 @@
 """The Celery tasks of timeouts. Their names are public: hosts route, monitor and
 schedule them by name."""
 
-from contextlib import contextmanager, nullcontext
+import logging
+from contextlib import contextmanager
 
 from celery import shared_task
-from django.db import close_old_connections, connections
+from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 
-from . import batches, own_connection, partitions, recovery, running
+from . import batches, own_connection, partitions, recovery, running, shards
 from . import scan as scanning
 from .publishing import RUN, RUN_BATCH
+
+logger = logging.getLogger(__name__)
 
 # The beat tasks start with close_old_connections(), as Django starts a request: when the host lets
 # Celery keep connections (CELERY_DB_REUSE_MAX), a connection that broke or outlived CONN_MAX_AGE is
@@ -18,16 +21,17 @@ from .publishing import RUN, RUN_BATCH
 
 
 @contextmanager
-def _for_the_message(request):
-    """Timeouts' statements on the worker's own connection while the message runs; then, for the
-    handlers' sake, what close_old_connections() does to Django's connections, and the health check
-    (CONN_HEALTH_CHECKS), once the message is done and the worker has nothing else to do. Done
-    first, as for a request, the check would cost a round trip before a task that is already due."""
+def _for_the_message(request, shard):
+    """Timeouts' statements on the worker's own connection to the task's shard while the message
+    runs; then, for the handlers' sake, what close_old_connections() does to Django's connections,
+    and the health check (CONN_HEALTH_CHECKS), once the message is done and the worker has nothing
+    else to do. Done first, as for a request, the check would cost a round trip before a task that
+    is already due."""
     try:
         # Eager (task_always_eager) or called as a function: in the caller's process, perhaps inside
         # its transaction, which timeouts' statements must then join.
         in_the_callers_process = request.is_eager or request.called_directly
-        with nullcontext() if in_the_callers_process else own_connection.used():
+        with own_connection.shared(shard) if in_the_callers_process else own_connection.used(shard):
             yield
     finally:
         for connection in connections.all(initialized_only=True):
@@ -45,8 +49,8 @@ def scan():
 # acks_late + reject_on_worker_lost: a message whose worker died is delivered again; the
 # compare-and-set then drops it if the attempt had already started (lease recovery retries that).
 @shared_task(name=RUN, bind=True, ignore_result=True, acks_late=True, reject_on_worker_lost=True)
-def run(self, job_id, action_time, attempt, partition):
-    with _for_the_message(self.request):
+def run(self, job_id, action_time, attempt, partition, shard=DEFAULT_DB_ALIAS):
+    with _for_the_message(self.request, shard):
         return running.run(job_id, action_time, attempt, partition)
 
 
@@ -54,14 +58,23 @@ def run(self, job_id, action_time, attempt, partition):
 # worker that dies part way gets the message again; the tasks that already started are dropped by
 # their compare-and-set, the others run.
 @shared_task(name=RUN_BATCH, bind=True, ignore_result=True, acks_late=True, reject_on_worker_lost=True)
-def run_batch(self, items):
-    with _for_the_message(self.request):
+def run_batch(self, items, shard=DEFAULT_DB_ALIAS):
+    with _for_the_message(self.request, shard):
         return batches.run_batch(items)
 
 
 @shared_task(name="timeouts.maintain", ignore_result=True)
 def maintain():
     close_old_connections()
-    report = partitions.maintain()
-    recovery.recover_expired()
-    return report.summary()
+    summaries, failure = {}, None
+    for alias in shards.aliases():  # a shard that fails fails the task, after every shard's turn
+        try:
+            summaries[alias] = partitions.maintain(alias).summary()
+            with own_connection.shared(alias):
+                recovery.recover_expired()
+        except Exception as exc:
+            logger.exception("timeouts: the maintenance of shard %r failed", alias)
+            failure = failure or exc
+    if failure is not None:
+        raise failure
+    return next(iter(summaries.values())) if len(summaries) == 1 else summaries

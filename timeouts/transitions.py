@@ -11,7 +11,7 @@ from functools import partial
 
 from django.db import connections
 
-from . import events, validation
+from . import events, shards, validation
 from .conf import notify_params
 from .queries import fetch_dicts, fetch_one
 from .registry import check_biz_type
@@ -54,9 +54,11 @@ def requeue(task) -> bool:
     return _change(task, "requeue_task", REQUEUEABLE, notify_params())
 
 
-def cancel_by_key(biz_type, biz_id, *, using="default") -> int:
+def cancel_by_key(biz_type, biz_id, *, using=None) -> int:
+    """On `using`, else on the shard of (biz_type, biz_id)."""
     params = {"biz_type": check_biz_type(biz_type), "biz_id": validation.biz_id(biz_id),
               "statuses": list(CANCELLABLE)}
+    using = using or shards.alias_of_key(params["biz_type"], params["biz_id"])
     connection = connections[using]
     rows = retry_on_conflict(lambda: fetch_dicts("cancel_by_key", params, using=connection), using=using)
     return events.cancelled(biz_type, len(rows), using)

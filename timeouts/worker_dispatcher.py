@@ -17,7 +17,7 @@ logger = logging.getLogger("timeouts.dispatcher")
 
 JOIN_TIMEOUT = 15.0  # seconds: a publish in flight is bounded by the dispatcher's publish timeout
 
-_running = None  # (thread, dispatcher) in the worker's main process
+_running = None  # (thread, its stop event) in the worker's main process
 
 
 @worker_ready.connect(dispatch_uid="timeouts.worker_dispatcher.start")
@@ -27,11 +27,11 @@ def start(sender=None, **kwargs):
 
     if not get_settings().DISPATCHER_IN_WORKER or _running is not None:
         return
-    from .dispatcher import Dispatcher
+    from .dispatcher import run_on_every_shard
 
-    dispatcher = Dispatcher()
-    thread = threading.Thread(target=dispatcher.run, name="timeouts-dispatcher", daemon=True)
-    _running = (thread, dispatcher)
+    stopping = threading.Event()
+    thread = threading.Thread(target=run_on_every_shard, args=(stopping,), name="timeouts-dispatcher", daemon=True)
+    _running = (thread, stopping)
     thread.start()
     logger.info("timeouts.dispatcher: running inside the worker")
 
@@ -41,9 +41,9 @@ def stop(sender=None, **kwargs):
     global _running
     if _running is None:
         return
-    thread, dispatcher = _running
+    thread, stopping = _running
     _running = None
-    dispatcher.stop.set()
+    stopping.set()
     thread.join(JOIN_TIMEOUT)
     if thread.is_alive():
         logger.error("timeouts.dispatcher: did not stop within %s s", JOIN_TIMEOUT)

@@ -12,9 +12,9 @@ result in the row. get_result() reads that row by the key its id names (results.
 from datetime import timedelta
 from functools import partial
 
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import connections, transaction
 
-from .. import events, tasks_queues, validation
+from .. import events, shards, tasks_queues, validation
 from ..conf import get_settings
 from ..errors import InvalidAttribute
 from ..models import TimeoutTask
@@ -70,15 +70,16 @@ class TimeoutsBackend(BaseTaskBackend):
     def enqueue(self, task, args, kwargs):
         self.validate_task(task)
         new, call = self._new_task(task, args, kwargs)
-        connection = connections[DEFAULT_DB_ALIAS]
-        row = events.scheduled(_insert(TimeoutTask, new, connection))
+        where = shards.anywhere()
+        connection = connections[where.alias]
+        row = events.scheduled(_insert(TimeoutTask, new, where, connection), where.alias)
         result = TaskResult(
             task=task, id=results.result_id(row.job_id, row.action_time), status=TaskResultStatus.READY,
             enqueued_at=row.created_at, started_at=None, finished_at=None, last_attempted_at=None,
             args=call["args"], kwargs=call["kwargs"], backend=self.alias, errors=[], worker_ids=[])
         send = partial(task_enqueued.send, type(self), task_result=result)
         if connection.in_atomic_block:
-            transaction.on_commit(send, using=DEFAULT_DB_ALIAS)  # a rolled-back task was never enqueued
+            transaction.on_commit(send, using=where.alias)  # a rolled-back task was never enqueued
         else:
             send()
         return result
@@ -108,7 +109,7 @@ class TimeoutsBackend(BaseTaskBackend):
 
     def get_result(self, result_id):
         key = results.parse_result_id(result_id)
-        connection = connections[DEFAULT_DB_ALIAS]
+        connection = connections[shards.alias_of_job(key["job_id"])]
         # Else it moved since (an operator requeued it), or went with its partition.
         row = (fetch_one("tasks_backend_result", key, using=connection)
                or fetch_one("tasks_backend_result_moved", {"job_id": key["job_id"]}, using=connection))

@@ -1,8 +1,8 @@
 """cancel(result_id): the fenced cancel of a task that has not started."""
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 
-from .. import events
+from .. import events, shards
 from ..queries import fetch_one
 from ..retry import retry_on_conflict
 from ..states import WAITING
@@ -20,11 +20,12 @@ def cancel(result_id) -> bool:
     TaskResultDoesNotExist."""
     result_id = getattr(result_id, "id", result_id)
     key = results.parse_result_id(result_id)
-    connection = connections[DEFAULT_DB_ALIAS]
+    alias = shards.alias_of_job(key["job_id"])
+    connection = connections[alias]
     for _ in range(MOVES_FOLLOWED):
         row = retry_on_conflict(lambda key=key: fetch_one("tasks_backend_cancel", key, using=connection))
         if row is not None:
-            events.cancelled(row["biz_type"], 1)
+            events.cancelled(row["biz_type"], 1, alias)
             return True
         # The compare-and-set or another cancel won; or the row moved to another partition.
         current = fetch_one("tasks_backend_result_moved", {"job_id": key["job_id"]}, using=connection)

@@ -10,7 +10,7 @@ from timeouts import dispatcher
 
 class Command(BaseCommand):
     help = ("Hand tasks to Celery the moment they are due: LISTEN for new deadlines and sleep until the "
-            "nearest one. Any number may run at once. Stops cleanly on SIGTERM or SIGINT.")
+            "nearest one, on every shard. Any number may run at once. Stops cleanly on SIGTERM or SIGINT.")
 
     def add_arguments(self, parser):
         parser.add_argument("--lead", type=float,
@@ -28,8 +28,8 @@ class Command(BaseCommand):
         # claimed, so nothing is left claimed without a message.
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
-            dispatcher.Dispatcher(lead=lead, batch_size=batch_size, keepalive_interval=keepalive,
-                                  publish_timeout=publish_timeout, stop=stop).run()
+            dispatcher.run_on_every_shard(stop, lead=lead, batch_size=batch_size, keepalive_interval=keepalive,
+                                          publish_timeout=publish_timeout)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

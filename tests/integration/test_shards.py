@@ -1,0 +1,232 @@
+"""Three shards (three test databases): every operation on one task or one business key goes to the
+one shard that holds it, job_ids are unique across shards and name their shard, the scan and the
+maintenance cover every shard, and a shard that is down holds back only its own tasks."""
+
+import io
+import itertools
+import logging
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from django.core.management import call_command
+from django.db import connections
+
+import timeouts
+from tests import processes
+from timeouts import checks, own_connection, shards, tasks
+from timeouts.claiming import claim_due
+from timeouts.errors import InvalidTime, TaskConflict
+from timeouts.models import TimeoutTask
+from timeouts.partitions import list_partitions
+from timeouts.scan import scan
+
+Status = TimeoutTask.Status
+ALIASES = ["default", "shard_b", "shard_c"]
+pytestmark = [pytest.mark.django_db(transaction=True, databases=ALIASES), pytest.mark.timeout(120)]
+
+
+@pytest.fixture(autouse=True)
+def three_shards(settings):
+    settings.TIMEOUTS = {**settings.TIMEOUTS, "SHARDS": ALIASES}
+
+
+def key_on(alias, prefix="key"):
+    """A biz_id whose tasks live on `alias`."""
+    return next(biz_id for biz_id in (f"{prefix}-{n}" for n in itertools.count())
+                if shards.place("test.record", biz_id).alias == alias)
+
+
+def where(job_id) -> list[str]:
+    """The shards that hold a task of this job_id."""
+    return [alias for alias in ALIASES if TimeoutTask.objects.using(alias).filter(job_id=job_id).exists()]
+
+
+def in_an_hour():
+    return datetime.now(UTC) + timedelta(hours=1)
+
+
+def test_a_task_lives_on_the_shard_of_its_key_and_its_job_id_says_which():
+    for alias in ALIASES:
+        task = timeouts.schedule("test.record", key_on(alias), at=in_an_hour())
+        assert task._state.db == alias
+        assert where(task.job_id) == [alias]
+        assert shards.alias_of_job(task.job_id) == alias
+        assert task.job_id % shards.SLOTS == shards.slot_of(task.biz_id)
+
+
+def test_job_ids_are_unique_across_shards():
+    # Each shard's sequence starts at 1: the slot in the low bits keeps their job_ids apart.
+    made = [timeouts.schedule("test.record", f"unique-{n}", delay=3600) for n in range(90)]
+    assert {task._state.db for task in made} == set(ALIASES)
+    assert len({task.job_id for task in made}) == len(made)
+    assert all(shards.alias_of_job(task.job_id) == task._state.db for task in made)
+
+
+def test_the_database_computes_the_slot_as_python_does():
+    with connections["shard_b"].cursor() as cursor:
+        cursor.execute("SELECT b, ('x' || left(md5(b), 8))::bit(32)::int & 1023 FROM unnest(%s::text[]) AS b",
+                       [[f"k{n}" for n in range(200)]])
+        assert all(slot == shards.slot_of(biz_id) for biz_id, slot in cursor.fetchall())
+
+
+def test_cancel_reschedule_and_requeue_act_on_the_tasks_shard():
+    biz_id = key_on("shard_c")
+    task = timeouts.schedule("test.record", biz_id, at=in_an_hour())
+    assert task.reschedule(delay=7200)
+    assert TimeoutTask.objects.using("shard_c").get(job_id=task.job_id).action_time == task.action_time
+    assert task.cancel()
+    assert task.requeue()
+    assert TimeoutTask.objects.using("shard_c").get(job_id=task.job_id).status == Status.PENDING
+    assert timeouts.cancel("test.record", biz_id) == 1
+    assert TimeoutTask.objects.using("shard_c").get(job_id=task.job_id).status == Status.CANCELLED
+    assert [TimeoutTask.objects.using(alias).count() for alias in ALIASES] == [0, 0, 1]
+
+
+def test_at_most_one_waiting_task_per_key_holds_on_the_keys_shard():
+    biz_id = key_on("shard_b")
+    first = timeouts.schedule("test.record", biz_id, at=in_an_hour(), on_conflict="error")
+    with pytest.raises(TaskConflict, match=str(first.job_id)):
+        timeouts.schedule("test.record", biz_id, at=in_an_hour(), on_conflict="error")
+    replaced = timeouts.schedule("test.record", biz_id, at=in_an_hour(), on_conflict="replace")
+    assert replaced._state.db == "shard_b"
+    assert sorted(TimeoutTask.objects.using("shard_b").values_list("status", flat=True)) == [
+        Status.PENDING, Status.CANCELLED]
+
+
+def test_bulk_schedule_puts_each_task_on_its_shard_or_stores_nothing():
+    items = [{"biz_type": "test.record", "biz_id": f"bulk-{n}", "delay": 60} for n in range(60)]
+    items.append({"biz_type": "test.record", "biz_id": key_on("shard_b", "bulk-keyed"), "delay": 60,
+                  "on_conflict": "keep"})
+    assert timeouts.bulk_schedule(items) == 61
+    for alias in ALIASES:
+        stored = TimeoutTask.objects.using(alias).values_list("job_id", "biz_id")
+        assert stored and all(shards.place("test.record", biz_id).alias == alias == shards.alias_of_job(job_id)
+                              for job_id, biz_id in stored)
+    with pytest.raises(InvalidTime):
+        timeouts.bulk_schedule([{"biz_type": "test.record", "biz_id": "more-1", "delay": 60},
+                                {"biz_type": "test.record", "biz_id": "more-2", "at": datetime(2030, 1, 1)}])
+    assert sum(TimeoutTask.objects.using(alias).count() for alias in ALIASES) == 61
+
+
+def test_a_claim_says_its_shard_and_its_message_runs_the_task_there(starts):
+    due = {alias: timeouts.schedule("test.record", key_on(alias), delay=0) for alias in ALIASES}
+    for alias, task in due.items():
+        with own_connection.shared(alias):
+            [claim] = claim_due(10)
+        assert (claim.job_id, claim.shard) == (task.job_id, alias)
+        assert claim.message_kwargs() == ({} if alias == "default" else {"shard": alias})
+        assert tasks.run(*claim.message_args(), **claim.message_kwargs()) == "done"
+        assert TimeoutTask.objects.using(alias).get(job_id=task.job_id).status == Status.DONE
+    assert sorted(job_id for job_id, *_ in starts.all()) == sorted(task.job_id for task in due.values())
+
+
+def test_the_scan_covers_every_shard(starts, eager_celery):
+    due = [timeouts.schedule("test.record", key_on(alias), delay=0) for alias in ALIASES]
+    assert scan() == 3
+    assert sorted(job_id for job_id, *_ in starts.all()) == sorted(task.job_id for task in due)
+
+
+def test_a_shard_that_is_down_holds_back_only_its_own_tasks(starts, eager_celery, caplog):
+    due = {alias: timeouts.schedule("test.record", key_on(alias), delay=0) for alias in ALIASES}
+    with unreachable("shard_b"), caplog.at_level(logging.ERROR, "timeouts"):
+        assert scan() == 2
+    assert "the scan of shard 'shard_b' failed" in caplog.text
+    assert sorted(job_id for job_id, *_ in starts.all()) == sorted([due["default"].job_id, due["shard_c"].job_id])
+    assert scan() == 1  # back: its task runs, late, not lost
+    assert starts.count() == 3
+
+
+def test_maintenance_covers_every_shard():
+    newest = max((p for p in list_partitions(connections["shard_c"]) if not p.is_default), key=lambda p: p.lower)
+    with connections["shard_c"].cursor() as cursor:
+        cursor.execute(f"DROP TABLE {newest.name}")
+    summaries = tasks.maintain()
+    assert set(summaries) == set(ALIASES)
+    assert summaries["shard_c"]["created"] == [newest.name]
+    assert summaries["default"]["created"] == summaries["shard_b"]["created"] == []
+
+
+def test_the_check_names_a_shard_without_migrations():
+    assert checks.check_shards(databases=ALIASES) == []
+    empty = f"{connections['shard_c'].settings_dict['NAME']}_empty"
+    with _database(empty), _named("shard_c", empty):
+        [problem] = checks.check_shards(databases=ALIASES)
+        assert problem.id == "timeouts.W006" and "'shard_c' lacks timeouts' migrations 0001_initial" in problem.msg
+        assert "migrate --database shard_c" in problem.hint
+    out = io.StringIO()
+    call_command("check", databases=ALIASES, stdout=out)
+    assert "no issues" in out.getvalue()
+
+
+def test_the_check_says_which_shard_it_cannot_reach():
+    with unreachable("shard_b"):
+        [problem] = checks.check_shards(databases=ALIASES)
+    assert problem.id == "timeouts.W006" and "cannot read the shard 'shard_b'" in problem.msg
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def eager_celery():
+    from celery import current_app
+
+    current_app.conf.task_always_eager = True
+    yield
+    current_app.conf.task_always_eager = False
+
+
+class unreachable:
+    """A shard whose server does not answer: its connections point at a port nothing listens on."""
+
+    def __init__(self, alias):
+        self.alias = alias
+
+    def __enter__(self):
+        connection = connections[self.alias]
+        connection.close()
+        self.port = connection.settings_dict["PORT"]
+        connection.settings_dict["PORT"] = processes.free_port()
+        own_connection.close()
+
+    def __exit__(self, *exc):
+        connections[self.alias].close()
+        connections[self.alias].settings_dict["PORT"] = self.port
+        own_connection.close()
+
+
+class _named:
+    def __init__(self, alias, name):
+        self.alias, self.name = alias, name
+
+    def __enter__(self):
+        connections[self.alias].close()
+        self.before = connections[self.alias].settings_dict["NAME"]
+        connections[self.alias].settings_dict["NAME"] = self.name
+
+    def __exit__(self, *exc):
+        connections[self.alias].close()
+        connections[self.alias].settings_dict["NAME"] = self.before
+
+
+class _database:
+    """An empty database on the test server, dropped afterwards."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def _admin(self):
+        db = connections["default"].settings_dict
+        return psycopg.connect(host=db["HOST"] or "127.0.0.1", port=db["PORT"] or 5432, user=db["USER"],
+                               dbname="postgres", autocommit=True)
+
+    def __enter__(self):
+        with self._admin() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}"')
+            conn.execute(f'CREATE DATABASE "{self.name}"')
+
+    def __exit__(self, *exc):
+        with self._admin() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+

@@ -1,0 +1,94 @@
+"""Three shards with a real `timeouts_dispatcher` process and a real Celery worker: one dispatcher
+process serves every shard, each task starts once and on time on its own shard, and a shard the
+dispatcher cannot reach holds back only its own tasks, which start once it can."""
+
+import itertools
+import sys
+from contextlib import contextmanager
+
+import pytest
+from django.db import connections
+
+import timeouts
+from tests import processes
+from timeouts import shards
+from timeouts.listener import APPLICATION_NAME
+from timeouts.models import TimeoutTask
+
+Status = TimeoutTask.Status
+ALIASES = ["default", "shard_b", "shard_c"]
+pytestmark = [pytest.mark.django_db(transaction=True, databases=ALIASES), pytest.mark.slow, pytest.mark.timeout(120)]
+
+ON_TIME = 1.0  # seconds: the most a start may lag its action_time here
+
+
+@pytest.fixture(autouse=True)
+def three_shards(settings):
+    # Autouse: in force before the worker fixture hands the settings to the worker process.
+    settings.TIMEOUTS = {**settings.TIMEOUTS, "SHARDS": ALIASES}
+
+
+def listening(alias) -> int:
+    """How many dispatcher LISTEN connections the shard `alias` has."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                       "AND datname = current_database()", [APPLICATION_NAME])
+        return cursor.fetchone()[0]
+
+
+@contextmanager
+def dispatcher(*, reaching, **env):
+    """`manage.py timeouts_dispatcher` as a process; yields once it listens on the shards `reaching`."""
+    process = processes.spawn([sys.executable, "manage.py", "timeouts_dispatcher"],
+                              env=processes.django_env(**env), log_name="dispatcher-shards")
+    try:
+        processes.wait_for(lambda: all(listening(alias) for alias in reaching) or process.poll() is not None, 30,
+                           message="the dispatcher to listen on every shard")
+        assert process.poll() is None, f"the dispatcher exited with {process.returncode}"
+        yield process
+    finally:
+        processes.stop(process)
+
+
+def spread(count, delay):
+    """`count` tasks due after `delay` seconds, on the shards in turn; returns them by shard."""
+    made = {alias: [] for alias in ALIASES}
+    for n in itertools.count():
+        biz_id = f"spread-{n}"
+        alias = shards.place("test.record", biz_id).alias
+        if len(made[alias]) < count // len(ALIASES):
+            made[alias].append(timeouts.schedule("test.record", biz_id, delay=delay))
+        if sum(map(len, made.values())) == count:
+            return made
+
+
+def lateness(starts, tasks) -> dict[int, float]:
+    wanted = {task.job_id for task in tasks}
+    return {job_id: (started_at - action_time).total_seconds()
+            for job_id, _, action_time, started_at in starts.all() if job_id in wanted}
+
+
+def test_one_dispatcher_process_starts_every_shards_tasks_once_and_on_time(worker, starts):
+    with dispatcher(reaching=ALIASES):
+        made = spread(30, delay=1.5)
+        tasks = [task for shard_tasks in made.values() for task in shard_tasks]
+        processes.wait_for(lambda: starts.count() >= 30, 20, message="every task to start")
+        for alias, shard_tasks in made.items():
+            assert TimeoutTask.objects.using(alias).filter(status=Status.DONE).count() == len(shard_tasks)
+    late = lateness(starts, tasks)
+    assert starts.count() == 30 and len(late) == 30  # each once
+    assert max(late.values()) < ON_TIME, late
+
+
+def test_a_shard_the_dispatcher_cannot_reach_holds_back_only_its_own_tasks(worker, starts):
+    with dispatcher(reaching=["default", "shard_b"],
+                    TIMEOUTS_TEST_SHARD_C_URL=f"postgres://postgres@127.0.0.1:{processes.free_port()}/gone"):
+        made = spread(30, delay=1.5)
+        reachable = made["default"] + made["shard_b"]
+        processes.wait_for(lambda: starts.count() >= 20, 20, message="the reachable shards' tasks to start")
+        late = lateness(starts, reachable)
+        assert len(late) == 20 and max(late.values()) < ON_TIME, late
+        assert TimeoutTask.objects.using("shard_c").filter(status=Status.PENDING).count() == 10
+    with dispatcher(reaching=ALIASES):  # the shard is back: its tasks start, late, none lost
+        processes.wait_for(lambda: starts.count() >= 30, 20, message="the held tasks to start")
+    assert len(lateness(starts, made["shard_c"])) == 10 and starts.count() == 30
