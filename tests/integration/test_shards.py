@@ -13,8 +13,10 @@ from django.core.management import call_command
 from django.db import connections
 
 import timeouts
+import timeouts.celery
 from tests import processes
 from timeouts import checks, own_connection, shards, tasks
+from timeouts.backends import cancel as backend_cancel
 from timeouts.claiming import claim_due
 from timeouts.errors import InvalidTime, TaskConflict
 from timeouts.models import TimeoutTask
@@ -137,6 +139,38 @@ def test_a_shard_that_is_down_holds_back_only_its_own_tasks(starts, eager_celery
     assert starts.count() == 3
 
 
+def test_a_durable_call_lives_on_the_shard_of_its_task_id_and_is_cancelled_there(broker):
+    from tests.testapp.tasks import record
+
+    results = [record.apply_async((n,), countdown=600) for n in range(12)]
+    for result in results:
+        alias = shards.hashed(result.id).alias
+        assert where_call(result.id) == [alias]
+    assert {shards.hashed(result.id).alias for result in results} == set(ALIASES)
+    cancelled = results[0]
+    assert timeouts.celery.cancel(cancelled.id)
+    alias = shards.hashed(cancelled.id).alias
+    assert TimeoutTask.objects.using(alias).get(biz_id=cancelled.id).status == Status.CANCELLED
+    assert not timeouts.celery.cancel(cancelled.id)
+
+
+def test_a_django_task_is_found_and_cancelled_on_its_shard_by_its_result_id(django_task_tables):
+    from tests.testapp import django_tasks
+
+    results = [django_tasks.add.using(run_after=in_an_hour()).enqueue(n, 1) for n in range(12)]
+    held = {shards.alias_of_job(int(result.id.split("-")[0])) for result in results}
+    assert held == set(ALIASES)  # spread: no business key ties them to one shard
+    for result in results:
+        assert django_tasks.add.get_result(result.id).id == result.id
+    assert backend_cancel(results[0].id)
+    job_id = int(results[0].id.split("-")[0])
+    assert TimeoutTask.objects.using(shards.alias_of_job(job_id)).get(job_id=job_id).status == Status.CANCELLED
+
+
+def where_call(task_id) -> list[str]:
+    return [alias for alias in ALIASES if TimeoutTask.objects.using(alias).filter(biz_id=task_id).exists()]
+
+
 def test_maintenance_covers_every_shard():
     newest = max((p for p in list_partitions(connections["shard_c"]) if not p.is_default), key=lambda p: p.lower)
     with connections["shard_c"].cursor() as cursor:
@@ -166,6 +200,18 @@ def test_the_check_says_which_shard_it_cannot_reach():
 
 
 # -- helpers -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def django_task_tables():
+    """The tables the Django tasks of the tests record their runs and signals in."""
+    from tests.testapp import django_tasks
+
+    with connections["default"].cursor() as cursor:
+        cursor.execute(django_tasks.RUNS_TABLE_SQL)
+        cursor.execute(django_tasks.SIGNALS_TABLE_SQL)
+    yield
+    django_tasks.close()
 
 
 @pytest.fixture
