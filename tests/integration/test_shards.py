@@ -4,6 +4,7 @@ maintenance cover every shard, and a shard that is down holds back only its own 
 
 import io
 import itertools
+import json
 import logging
 from datetime import UTC, datetime, timedelta
 
@@ -179,6 +180,16 @@ def test_maintenance_covers_every_shard():
     assert set(summaries) == set(ALIASES)
     assert summaries["shard_c"]["created"] == [newest.name]
     assert summaries["default"]["created"] == summaries["shard_b"]["created"] == []
+
+
+def test_the_partitions_command_maintains_every_shard_or_the_one_named():
+    out = io.StringIO()
+    call_command("timeouts_partitions", "--dry-run", stdout=out)
+    assert [line for line in out.getvalue().splitlines() if line.startswith("== shard")] == [
+        f"== shard {alias}" for alias in ALIASES]
+    out = io.StringIO()
+    call_command("timeouts_partitions", "--json", "--database", "shard_c", stdout=out)
+    assert json.loads(out.getvalue())["busy"] is False
 
 
 def test_the_check_names_a_shard_without_migrations():

@@ -3,9 +3,8 @@
 import json
 
 from django.core.management.base import BaseCommand
-from django.db import DEFAULT_DB_ALIAS
 
-from timeouts import partitions
+from timeouts import partitions, shards
 
 
 class Command(BaseCommand):
@@ -16,16 +15,23 @@ class Command(BaseCommand):
         parser.add_argument("--dry-run", action="store_true",
                             help="Show what would be created and dropped; change nothing.")
         parser.add_argument("--json", action="store_true", dest="as_json", help="Print the report as JSON.")
-        parser.add_argument("--database", default=DEFAULT_DB_ALIAS)
+        parser.add_argument("--database", help="One shard's alias (default: every shard, TIMEOUTS['SHARDS']).")
 
     def handle(self, *args, dry_run, as_json, database, **options):
-        report = partitions.maintain(using=database, dry_run=dry_run)
+        aliases = [database] if database else list(shards.aliases())
+        reports = {alias: partitions.maintain(using=alias, dry_run=dry_run) for alias in aliases}
         if as_json:
-            self.stdout.write(json.dumps(report.summary(), indent=2))
+            summaries = {alias: report.summary() for alias, report in reports.items()}
+            # One database: its report, as it has always been printed; several: by alias.
+            self.stdout.write(json.dumps(summaries[aliases[0]] if len(aliases) == 1 else summaries, indent=2))
         else:
-            self.stdout.write("\n".join(describe(report)))
-        if report.failed:
-            self.stderr.write(f"{len(report.failed)} step(s) failed; the next run tries again.")
+            for alias, report in reports.items():
+                if len(aliases) > 1:
+                    self.stdout.write(f"== shard {alias}")
+                self.stdout.write("\n".join(describe(report)))
+        failed = sum(len(report.failed) for report in reports.values())
+        if failed:
+            self.stderr.write(f"{failed} step(s) failed; the next run tries again.")
 
 
 def describe(report) -> list[str]:
