@@ -1,13 +1,15 @@
 """What the business isolation tests share (limits, pauses, fair claiming)."""
 
 import pytest
-from django.db import connection
+from django.db import connections
 
 
-def forget_limits():
-    """timeouts_limits has no model, so Django's flush between tests leaves its rows: empty it."""
-    with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE timeouts_limits")
+def forget_limits(aliases=("default",)):
+    """timeouts_limits has no model, so Django's flush between tests leaves its rows: empty it (on
+    each database of `aliases`)."""
+    for alias in aliases:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("TRUNCATE timeouts_limits")
 
 
 @pytest.fixture

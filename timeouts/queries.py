@@ -33,7 +33,7 @@ def parse(text: str) -> dict[str, str]:
     return queries
 
 
-QUERY_FILES = ("queries.sql", "partitions.sql", "dispatcher.sql", "stats.sql", "tasks_backend.sql")
+QUERY_FILES = ("queries.sql", "partitions.sql", "dispatcher.sql", "stats.sql", "tasks_backend.sql", "shards.sql")
 
 
 def _load():

@@ -10,12 +10,13 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connections
 
 import timeouts
 import timeouts.celery
 from tests import processes
+from tests.isolation import forget_limits
 from timeouts import checks, own_connection, shards, tasks
 from timeouts.backends import cancel as backend_cancel
 from timeouts.claiming import claim_due
@@ -32,6 +33,9 @@ pytestmark = [pytest.mark.django_db(transaction=True, databases=ALIASES), pytest
 @pytest.fixture(autouse=True)
 def three_shards(settings):
     settings.TIMEOUTS = {**settings.TIMEOUTS, "SHARDS": ALIASES}
+    forget_limits(ALIASES)
+    yield
+    forget_limits(ALIASES)
 
 
 def key_on(alias, prefix="key"):
@@ -190,6 +194,41 @@ def test_the_partitions_command_maintains_every_shard_or_the_one_named():
     out = io.StringIO()
     call_command("timeouts_partitions", "--json", "--database", "shard_c", stdout=out)
     assert json.loads(out.getvalue())["busy"] is False
+
+
+def test_a_new_shard_takes_over_its_slots_with_their_tasks_limits_and_ids(settings):
+    settings.TIMEOUTS = {**settings.TIMEOUTS, "SHARDS": ["default", "shard_b"]}
+    made = [timeouts.schedule("test.record", f"move-{n}", delay=3600) for n in range(120)]
+    timeouts.pause("test.record")
+    settings.TIMEOUTS = {**settings.TIMEOUTS, "SHARDS": ALIASES}
+    out = io.StringIO()
+    call_command("timeouts_reshard", "--from", "default,shard_b", "--dry-run", stdout=out)
+    assert out.getvalue().splitlines() == ["would move 170 slot(s) 342-511 from default to shard_b",
+                                           "would move 341 slot(s) 683-1023 from shard_b to shard_c"]
+    assert TimeoutTask.objects.using("shard_c").count() == 0
+    call_command("timeouts_reshard", "--from", "default,shard_b", stdout=io.StringIO())
+    for task in made:
+        assert where(task.job_id) == [shards.alias_of_job(task.job_id)] == [shards.place("test.record",
+                                                                                         task.biz_id).alias]
+    assert timeouts.limits("test.record").paused
+    with connections["shard_c"].cursor() as cursor:
+        cursor.execute("SELECT paused FROM timeouts_limits WHERE biz_type = 'test.record'")
+        assert cursor.fetchone() == (True,)
+    newest = {timeouts.schedule("test.record", key_on(alias, "after"), delay=60).job_id for alias in ALIASES}
+    assert not newest & {task.job_id for task in made}
+    assert min(newest) > max(task.job_id for task in made)
+
+
+def test_resharding_refuses_to_move_a_task_in_flight(settings):
+    settings.TIMEOUTS = {**settings.TIMEOUTS, "SHARDS": ["default", "shard_b"]}
+    biz_id = next(f"busy-{n}" for n in itertools.count() if shards.slot_of(f"busy-{n}") >= 683)
+    task = timeouts.schedule("test.record", biz_id, delay=0)
+    with own_connection.shared("shard_b"):
+        assert [claim.job_id for claim in claim_due(10)] == [task.job_id]
+    settings.TIMEOUTS = {**settings.TIMEOUTS, "SHARDS": ALIASES}
+    with pytest.raises(CommandError, match="1 task.s. are DISPATCHED or RUNNING"):
+        call_command("timeouts_reshard", "--from", "default,shard_b", stdout=io.StringIO())
+    assert where(task.job_id) == ["shard_b"]
 
 
 def test_the_check_names_a_shard_without_migrations():
