@@ -8,6 +8,9 @@
   logged in the admin log.
 - The businesses page (businesses.py), beside the list: every biz_type with its overdue and coming
   tasks, its lateness, and its limits and pause, which `timeouts.change_limits` may change.
+- Shards (TIMEOUTS["SHARDS"], several databases): a shard filter; "all shards", the default, merges
+  each shard's first rows into the page and sums their counts (merged.py). A task's job id names its
+  shard, so the detail page and the actions read and change each task there.
 - Nothing can be added or edited; deleting is off unless a subclass sets `allow_delete = True`
   (then Django's delete permission applies). View-only staff can look and change nothing.
 """
@@ -16,10 +19,12 @@ from django.contrib import admin
 from django.db.models import Q
 from django.urls import path
 
+from .. import shards
 from ..models import TimeoutTask
 from . import businesses, display
 from .actions import cancel_selected, requeue_selected, run_now
-from .filters import BizTypeFilter, DueWindowFilter, StatusFilter
+from .filters import BizTypeFilter, DueWindowFilter, ShardFilter, StatusFilter
+from .merged import ShardedChangeList
 from .paginator import EstimatedCountPaginator
 
 MAX_JOB_ID = 2**63 - 1
@@ -77,13 +82,24 @@ class TimeoutTaskAdmin(admin.ModelAdmin):
 
     # --- the changelist --------------------------------------------------------------------------
 
+    def get_changelist(self, request, **kwargs):
+        return ShardedChangeList
+
+    def get_list_filter(self, request):
+        if len(shards.aliases()) > 1:
+            return (ShardFilter, *self.list_filter)
+        return self.list_filter
+
     def get_search_results(self, request, queryset, search_term):
+        # Across shards every shard runs this condition: a biz_id may be on any of them (a
+        # SHARD_ROUTER may place it by its biz_type too), and a job id is found on its own.
         term = search_term.strip()
         if not term:
             return queryset, False
         condition = Q(biz_id=term)
-        if term.isascii() and term.isdigit() and int(term) <= MAX_JOB_ID:
-            condition |= Q(job_id=int(term))
+        job_id = _job_id(term)
+        if job_id is not None:
+            condition |= Q(job_id=job_id)
         return queryset.filter(condition), False
 
     @admin.display(description="status")
@@ -96,6 +112,15 @@ class TimeoutTaskAdmin(admin.ModelAdmin):
 
     # --- the detail page -------------------------------------------------------------------------
 
+    def get_object(self, request, object_id, from_field=None):
+        job_id = _job_id(object_id)
+        if from_field is not None or job_id is None or len(shards.aliases()) == 1:
+            return super().get_object(request, object_id, from_field)
+        try:  # on the shard the job id names
+            return self.get_queryset(request).using(shards.alias_of_job(job_id)).get(job_id=job_id)
+        except TimeoutTask.DoesNotExist:
+            return None
+
     @admin.display(description="attribute")
     def attribute_display(self, task):
         return display.attribute_json(task)
@@ -107,6 +132,13 @@ class TimeoutTaskAdmin(admin.ModelAdmin):
     @admin.display(description="last error")
     def last_error_display(self, task):
         return display.last_error(task)
+
+
+def _job_id(text):
+    """`text` as a job id, or None."""
+    if text.isascii() and text.isdigit() and int(text) <= MAX_JOB_ID:
+        return int(text)
+    return None
 
 
 def _timestamp(name):

@@ -5,16 +5,21 @@ asked to change in the admin log, with the outcome.
 Permissions (beyond Django's `view`): `timeouts.cancel_timeouttask` for cancel and run now,
 `timeouts.requeue_timeouttask` for requeue. Django only offers (and only runs) an action to a user
 who has its permission; each action checks again, so calling one directly cannot bypass that.
+
+With several shards and no shard chosen, an action's queryset reads no database in particular: each
+task is read from its shard (a job id names its shard), and then changed there.
 """
 
 from collections import Counter, defaultdict
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.core.exceptions import PermissionDenied
 
-from .. import operations
+from .. import operations, shards
 from ..states import Status
+from .merged import ShardMerge, across_shards
 
 # "Select all" can mean millions of rows; an action works on at most this many, one by one.
 MAX_TASKS = 1000
@@ -23,13 +28,34 @@ MAX_TASKS = 1000
 def _tasks(modeladmin, request, queryset, permission):
     if not getattr(modeladmin, f"has_{permission}_permission")(request):
         raise PermissionDenied
-    tasks = list(queryset.order_by()[: MAX_TASKS + 1])
+    if across_shards(queryset):
+        tasks = _from_shards(modeladmin, request, queryset)
+    else:
+        tasks = list(queryset.order_by()[: MAX_TASKS + 1])
     if len(tasks) > MAX_TASKS:
         modeladmin.message_user(
             request, f"Nothing was changed: an action works on at most {MAX_TASKS:,} tasks at once. "
             "Narrow the selection with the filters.", messages.ERROR)
         return None
     return tasks
+
+
+def _from_shards(modeladmin, request, queryset):
+    """The tasks of `queryset`, each read from its shard: the shards of the ticked job ids, or
+    every shard for "select all" (the queryset then has no condition on the job ids)."""
+    ticked = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+    select_across = modeladmin.action_form.base_fields["select_across"].to_python(request.POST.get("select_across"))
+    if select_across or not ticked or not all(pk.isascii() and pk.isdigit() for pk in ticked):
+        aliases = shards.aliases()
+    else:
+        wanted = {shards.alias_of_job(int(pk)) for pk in ticked}
+        aliases = [alias for alias in shards.aliases() if alias in wanted]
+    merged = ShardMerge(queryset, aliases)
+    read = merged.read(lambda on_shard: list(on_shard.order_by()[: MAX_TASKS + 1]))
+    for alias in merged.unreadable:
+        modeladmin.message_user(request, f"The shard {alias!r} could not be read: its tasks were not changed.",
+                                messages.ERROR)
+    return [task for tasks in read.values() for task in tasks]
 
 
 def _log(request, outcomes, action):
@@ -96,10 +122,11 @@ def run_now(modeladmin, request, queryset):
     tasks = _tasks(modeladmin, request, queryset, "cancel")
     if tasks is None:
         return
-    now = operations.database_now(queryset.db)
+    # "Now" by the clock of each task's database, read once per database.
+    now = {alias: operations.database_now(alias) for alias in {task._state.db for task in tasks}}
     results, outcomes = defaultdict(list), {}
     for task in tasks:
-        result = operations.run_now(task, now=now)
+        result = operations.run_now(task, now=now[task._state.db])
         results[result].append(task)
         outcomes[task] = {
             "moved": "Made due now",

@@ -10,13 +10,38 @@ from django.contrib import admin
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from .. import registry
+from .. import registry, shards
 from ..states import Status
 
 # Statuses only a task that has started can have: its action_time is in the past, so the future
 # partitions need not be read (started_at >= run_at >= action_time, by the compare-and-set and a
 # CHECK constraint).
 STARTED_STATUSES = (Status.RUNNING, Status.DONE, Status.DEAD)
+
+
+class ShardFilter(admin.SimpleListFilter):
+    """Offered when TIMEOUTS["SHARDS"] names several databases. One shard: the changelist is that
+    database's, everything as with a single shard. "All shards", the default: each shard runs the
+    same query and the page merges their rows (merged.py). Choices come from the settings."""
+
+    title = "shard"
+    parameter_name = "shard"
+
+    def lookups(self, request, model_admin):
+        return [(alias, alias) for alias in shards.aliases()]
+
+    def choices(self, changelist):
+        every, *each = super().choices(changelist)
+        yield {**every, "display": "all shards"}
+        yield from each
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value is None:
+            return queryset
+        if value not in shards.aliases():
+            return queryset.none()
+        return queryset.using(value)
 
 
 class StatusFilter(admin.SimpleListFilter):

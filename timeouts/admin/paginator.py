@@ -5,7 +5,7 @@ SELECT COUNT(*) over everything the filters match, which on tens of millions of 
 seconds. This one counts exactly up to `exact_limit` rows when that is cheap and otherwise uses
 the planner's estimate (see timeouts.stats.count), and offers at most `max_pages` pages: deeper
 pages would be OFFSET scans over hundreds of thousands of rows, and filtering or reversing the
-order finds the same rows faster.
+order finds the same rows faster. Across shards (merged.py) the count is the sum of each shard's.
 """
 
 import math
@@ -14,6 +14,7 @@ from django.core.paginator import Paginator
 from django.utils.functional import cached_property
 
 from .. import stats
+from .merged import ShardMerge
 
 
 class EstimatedCountPaginator(Paginator):
@@ -22,6 +23,8 @@ class EstimatedCountPaginator(Paginator):
 
     @cached_property
     def counted(self) -> stats.Count:
+        if isinstance(self.object_list, ShardMerge):
+            return self.object_list.total(lambda queryset: stats.count(queryset, exact_limit=self.exact_limit))
         return stats.count(self.object_list, exact_limit=self.exact_limit)
 
     @cached_property
