@@ -19,6 +19,13 @@ timeouts_biz_type_running_tasks, timeouts_paused (1 while paused), timeouts_rate
 starts per second) and timeouts_concurrency_limit (tasks running at once), the last two only where
 a limit is in force.
 
+With several shards (TIMEOUTS["SHARDS"]) those gauges keep their names and labels and are totals
+over the shards that answered, and per-shard families are added: timeouts_shard_up{shard} (1: it
+answered, 0: it did not) and timeouts_shard_pending_tasks, timeouts_shard_overdue_tasks,
+timeouts_shard_oldest_overdue_age_seconds, timeouts_shard_default_partition_rows, labelled `shard`.
+A new family rather than a `shard` label on the old ones: a label would change the series that
+dashboards and alerts of a one-database deployment already follow.
+
 Events happen in many processes: web processes schedule and cancel, Celery worker processes (the
 prefork pool's children) claim, run and finish, dispatchers claim. Counting in each process's
 memory would leave the scraped process with only its own share, and a prefork child's counts die
@@ -35,10 +42,12 @@ every status change.
 
 import logging
 import os
+from dataclasses import dataclass, replace
 
+from django.db import DatabaseError
 from django.http import HttpResponse
 
-from . import operations, stats
+from . import operations, shards, stats
 
 logger = logging.getLogger(__name__)
 
@@ -85,31 +94,97 @@ def record(event, biz_type, count=1, lateness=None):
         LATENESS.labels(biz_type).observe(max(lateness, 0.0))
 
 
-class DatabaseCollector:
-    """Gauges computed from the database at scrape time."""
+@dataclass(frozen=True)
+class _ShardGauges:
+    """What the gauges read from one database."""
 
-    def __init__(self, using="default"):
+    pending: int
+    overdue: int
+    oldest_overdue_age: float  # seconds; 0: none
+    default_rows: int
+    biz_types: list
+
+
+GAUGES = {
+    "pending_tasks": ("PENDING tasks (exact up to 100,000, then estimated).", lambda g: g.pending),
+    "overdue_tasks": ("PENDING tasks already due (exact up to 100,000, then estimated).", lambda g: g.overdue),
+    "oldest_overdue_age_seconds": ("How long the longest-waiting due task has been due (0: none).",
+                                   lambda g: g.oldest_overdue_age),
+    "default_partition_rows": ("Rows in the DEFAULT partition (outside every range partition).",
+                               lambda g: g.default_rows),
+}
+
+
+def _read(alias) -> _ShardGauges:
+    oldest = stats.oldest_overdue(using=alias)
+    return _ShardGauges(
+        pending=stats.pending(using=alias).value, overdue=stats.overdue(using=alias).value,
+        oldest_overdue_age=max(oldest["age"].total_seconds(), 0.0) if oldest else 0.0,
+        default_rows=stats.default_rows(using=alias).value,
+        biz_types=stats.biz_types(operations.database_now(alias), using=alias))
+
+
+def _total(read) -> _ShardGauges:
+    """The shards' gauges together: counts summed, the oldest overdue the oldest of all, each
+    biz_type's tasks summed and its limits those of the first shard that lists it (limits are
+    written to every shard)."""
+    biz_types = {}
+    for gauges in read:
+        for biz_type in gauges.biz_types:
+            seen = biz_types.get(biz_type.name)
+            biz_types[biz_type.name] = biz_type if seen is None else replace(
+                seen, overdue=seen.overdue + biz_type.overdue, running=seen.running + biz_type.running)
+    return _ShardGauges(
+        pending=sum(g.pending for g in read), overdue=sum(g.overdue for g in read),
+        oldest_overdue_age=max(g.oldest_overdue_age for g in read),
+        default_rows=sum(g.default_rows for g in read), biz_types=[biz_types[name] for name in sorted(biz_types)])
+
+
+class DatabaseCollector:
+    """Gauges computed from the database at scrape time: from `using`, else from every shard.
+
+    With several shards the gauges are totals over the shards that answered (same names and labels
+    as with one database, so dashboards need no change), and timeouts_shard_* families, labelled
+    `shard`, give each shard's own and whether it answered (timeouts_shard_up). With one, a database
+    that does not answer fails the scrape, as before."""
+
+    def __init__(self, using=None):
         self.using = using
 
     def collect(self):
-        oldest = stats.oldest_overdue(using=self.using)
-        values = (
-            ("pending_tasks", "PENDING tasks (exact up to 100,000, then estimated).",
-             stats.pending(using=self.using).value),
-            ("overdue_tasks", "PENDING tasks already due (exact up to 100,000, then estimated).",
-             stats.overdue(using=self.using).value),
-            ("oldest_overdue_age_seconds", "How long the longest-waiting due task has been due (0: none).",
-             max(oldest["age"].total_seconds(), 0.0) if oldest else 0.0),
-            ("default_partition_rows", "Rows in the DEFAULT partition (outside every range partition).",
-             stats.default_rows(using=self.using).value),
-        )
-        for name, help_text, value in values:
-            yield GaugeMetricFamily(f"{PREFIX}{name}", help_text, value=value)
-        yield from self.per_biz_type()
+        aliases = (self.using,) if self.using else shards.aliases()
+        if len(aliases) == 1:
+            yield from self.gauges(_read(aliases[0]))
+            return
+        read = {}
+        for alias in aliases:
+            try:
+                read[alias] = _read(alias)
+            except DatabaseError:  # that shard shows as down; the others are still counted
+                logger.warning("timeouts: the metrics could not read the shard %r", alias, exc_info=True)
+        if read:  # with no shard read, no totals rather than zeros that look healthy
+            yield from self.gauges(_total(list(read.values())))
+        yield from self.per_shard(aliases, read)
 
-    def per_biz_type(self):
-        now = operations.database_now(self.using)
-        found = stats.biz_types(now, using=self.using)
+    def gauges(self, read):
+        for name, (help_text, value_of) in GAUGES.items():
+            yield GaugeMetricFamily(f"{PREFIX}{name}", help_text, value=value_of(read))
+        yield from self.per_biz_type(read.biz_types)
+
+    def per_shard(self, aliases, read):
+        up = GaugeMetricFamily(f"{PREFIX}shard_up", "1 when the shard answered this scrape, else 0.",
+                               labels=["shard"])
+        for alias in aliases:
+            up.add_metric([alias], float(alias in read))
+        yield up
+        for name, (help_text, value_of) in GAUGES.items():
+            family = GaugeMetricFamily(f"{PREFIX}shard_{name}", f"{help_text[:-1]}, on the shard.",
+                                       labels=["shard"])
+            for alias, gauges in read.items():
+                family.add_metric([alias], float(value_of(gauges)))
+            yield family
+
+    def per_biz_type(self, found):
         families = {
             "biz_type_overdue_tasks": (
                 "PENDING tasks of the biz_type already due (exact up to 10,000, then estimated).",
@@ -142,8 +217,8 @@ class _OurMultiProcessCollector:
         return [family for family in self.inner.collect() if family.name.startswith(PREFIX)]
 
 
-def exposition(using="default") -> bytes:
-    """The metrics in Prometheus' text format."""
+def exposition(using=None) -> bytes:
+    """The metrics in Prometheus' text format; the gauges from `using`, else from every shard."""
     registry = CollectorRegistry(auto_describe=False)
     path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if path:

@@ -13,6 +13,7 @@ The table may hold tens of millions of rows, so nothing here counts a large set 
 - Per biz_type (`biz_types()`, and the charts of the admin's businesses page): the biz_types with
   PENDING tasks by a loose index scan, then a few statements per biz_type, each stopping at a row
   limit: past it, a count is the planner's estimate and a chart says how far it read.
+- Several shards: shard_report.py. The report as text: report_text.py.
 
 The queries are in sql/stats.sql; the admin's counts are its filters' querysets.
 """
@@ -47,6 +48,10 @@ class Count:
 
     def __str__(self):
         return f"{self.value:,}" if self.exact else f"~{self.value:,}"
+
+    def __add__(self, other):
+        """Counts of several shards add up: exact if each one is."""
+        return Count(self.value + other.value, self.exact and other.exact)
 
 
 # --- Counting querysets --------------------------------------------------------------------------
@@ -393,73 +398,3 @@ def report(*, exact=False, minutes=15, using=DEFAULT_DB_ALIAS) -> dict:
                       for b in biz_types(now, using=using)],
         "partitions": partition_sizes(using),
     }
-
-
-def format_report(data) -> str:
-    lines = [f"Tasks by status and biz_type ({data['counts']['how']}):"]
-    rows = data["counts"]["rows"]
-    totals = {}
-    for row in rows:
-        totals[row["status"]] = totals.get(row["status"], 0) + row["count"]
-    width = max([len(r["biz_type"]) for r in rows] + [8])
-    for row in rows:
-        shown = str(Count(row["count"], row["exact"]))
-        lines.append(f"  {row['status']:<10} {row['biz_type']:<{width}} {shown:>14}")
-    if not rows:
-        lines.append("  (no tasks)")
-    lines.append("  totals: " + (", ".join(f"{status} {n:,}" for status, n in sorted(totals.items())) or "none"))
-    oldest = data["oldest_overdue"]
-    lines.append("")
-    if oldest:
-        lines.append(f"Oldest overdue task: job {oldest['job_id']} {oldest['biz_type']}:{oldest['biz_id']}, "
-                     f"due since {oldest['run_at'].isoformat()} ({seconds(oldest['age_seconds'])}), "
-                     f"attempts {oldest['attempts']}")
-    else:
-        lines.append("Oldest overdue task: none (nothing is waiting past its time)")
-    default = data["default_partition"]
-    lines.append(f"Rows in the DEFAULT partition: {Count(default['rows'], default['exact'])}"
-                 + ("  (maintenance moves them out when it creates their partition)" if default["rows"] else ""))
-    late = data["lateness"]
-    lines.append("")
-    lines.append(f"Lateness of tasks due in the last {late['minutes']} min (first attempts, started_at - action_time): "
-                 f"{late['started']} started, {late['waiting']} still waiting, {late['due']} due (cancelled left out)")
-    lines.append(f"  p50 {seconds(late['p50'])}   p90 {seconds(late['p90'])}   p99 {seconds(late['p99'])}   "
-                 f"max {seconds(late['max'])}")
-    lines.append("")
-    lines.extend(_biz_type_lines(data["biz_types"]))
-    lines.append("")
-    lines.append("Partitions (estimated rows from the statistics; size with indexes):")
-    for p in data["partitions"]:
-        span = "DEFAULT" if p["default"] else f"{_short(p['lower'], 'MINVALUE')} .. {_short(p['upper'], 'MAXVALUE')}"
-        rows_text = "?" if p["estimated_rows"] is None else f"~{p['estimated_rows']:,}"
-        lines.append(f"  {p['name']:<26} {span:<45} {rows_text:>12} {human_bytes(p['bytes']):>10}")
-    return "\n".join(lines) + "\n"
-
-
-def _biz_type_lines(rows):
-    lines = [f"Biz types: limits in force, pause, running tasks, overdue tasks (exact up to {OVERDUE_LIMIT:,}, "
-             "then estimated):"]
-    width = max([len(r["biz_type"]) for r in rows] + [8])
-    for r in rows:
-        rate = "none" if r["rate_limit"] is None else f"{r['rate_limit']:.15g}/s"
-        concurrency = "none" if r["concurrency"] is None else str(r["concurrency"])
-        overdue = str(Count(r["overdue"], r["overdue_exact"]))
-        running = str(Count(r["running"], r["running_exact"]))
-        line = (f"  {r['biz_type']:<{width}} {'paused' if r['paused'] else 'running':<7}  rate_limit {rate:<9} "
-                f"concurrency {concurrency:<6} running {running:>6} overdue {overdue:>9}")
-        if r["overridden"]:
-            own = ("none" if r["handler_rate_limit"] is None else f"{r['handler_rate_limit']:.15g}/s",
-                   "none" if r["handler_concurrency"] is None else str(r["handler_concurrency"]))
-            line += f"  (set_limits(); the handler's: rate_limit {own[0]}, concurrency {own[1]})"
-        lines.append(line)
-    if not rows:
-        lines.append("  (none: no handler, no task waiting, no limits stored)")
-    return lines
-
-
-def _short(iso, missing):
-    """'2026-11-21T00:00:00+00:00' -> '2026-11-21 00:00 UTC'."""
-    if iso is None:
-        return missing
-    moment = datetime.fromisoformat(iso)
-    return f"{moment:%Y-%m-%d %H:%M} {moment.tzname() or ''}".strip()

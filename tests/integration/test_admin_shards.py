@@ -12,21 +12,20 @@ from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
 import timeouts
-from tests import processes
-from timeouts import own_connection, shards, stats
+from tests.shards import ALIASES, unreachable, use_three_shards
+from timeouts import shards, stats
 from timeouts.admin import TimeoutTaskAdmin
 from timeouts.admin.paginator import EstimatedCountPaginator
 from timeouts.models import TimeoutTask
 
 Status = TimeoutTask.Status
-ALIASES = ["default", "shard_b", "shard_c"]
 URL = "/admin/timeouts/timeouttask/"
 pytestmark = [pytest.mark.django_db(transaction=True, databases=ALIASES), pytest.mark.timeout(120)]
 
 
 @pytest.fixture(autouse=True)
 def three_shards(settings):
-    settings.TIMEOUTS = {**settings.TIMEOUTS, "SHARDS": ALIASES}
+    use_three_shards(settings)
 
 
 @pytest.fixture
@@ -211,22 +210,3 @@ def test_a_shard_that_cannot_be_reached_leaves_the_page_working_with_a_message(a
                                          "Cancelled 2 tasks.", message]
     assert [row(task).status for task in tasks.values()] == [Status.CANCELLED, Status.PENDING, Status.CANCELLED]
     assert len(job_ids(client.get(URL))) == 3  # back
-
-
-class unreachable:
-    """A shard whose server does not answer: its connections point at a port nothing listens on."""
-
-    def __init__(self, alias):
-        self.alias = alias
-
-    def __enter__(self):
-        connection = connections[self.alias]
-        connection.close()
-        self.port = connection.settings_dict["PORT"]
-        connection.settings_dict["PORT"] = processes.free_port()
-        own_connection.close()
-
-    def __exit__(self, *exc):
-        connections[self.alias].close()
-        connections[self.alias].settings_dict["PORT"] = self.port
-        own_connection.close()

@@ -73,7 +73,7 @@ def test_scheduling_and_cancelling_are_counted_once_committed():
     assert deltas() == {"scheduled": 6, "cancelled": 3}
 
 
-def test_dispatch_run_retry_dead_and_lateness():
+def test_dispatch_run_retry_dead_and_lateness(starts):  # starts: closes the test handler's connection
     record, fail = Deltas("test.record"), Deltas("test.fail")
     due("test.record")
     due("test.fail")

@@ -15,8 +15,8 @@ from django.db import connections
 
 import timeouts
 import timeouts.celery
-from tests import processes
 from tests.isolation import forget_limits
+from tests.shards import ALIASES, key_on, unreachable, use_three_shards
 from timeouts import checks, own_connection, shards, tasks
 from timeouts.backends import cancel as backend_cancel
 from timeouts.claiming import claim_due
@@ -26,22 +26,15 @@ from timeouts.partitions import list_partitions
 from timeouts.scan import scan
 
 Status = TimeoutTask.Status
-ALIASES = ["default", "shard_b", "shard_c"]
 pytestmark = [pytest.mark.django_db(transaction=True, databases=ALIASES), pytest.mark.timeout(120)]
 
 
 @pytest.fixture(autouse=True)
 def three_shards(settings):
-    settings.TIMEOUTS = {**settings.TIMEOUTS, "SHARDS": ALIASES}
+    use_three_shards(settings)
     forget_limits(ALIASES)
     yield
     forget_limits(ALIASES)
-
-
-def key_on(alias, prefix="key"):
-    """A biz_id whose tasks live on `alias`."""
-    return next(biz_id for biz_id in (f"{prefix}-{n}" for n in itertools.count())
-                if shards.place("test.record", biz_id).alias == alias)
 
 
 def where(job_id) -> list[str]:
@@ -273,25 +266,6 @@ def eager_celery():
     current_app.conf.task_always_eager = False
 
 
-class unreachable:
-    """A shard whose server does not answer: its connections point at a port nothing listens on."""
-
-    def __init__(self, alias):
-        self.alias = alias
-
-    def __enter__(self):
-        connection = connections[self.alias]
-        connection.close()
-        self.port = connection.settings_dict["PORT"]
-        connection.settings_dict["PORT"] = processes.free_port()
-        own_connection.close()
-
-    def __exit__(self, *exc):
-        connections[self.alias].close()
-        connections[self.alias].settings_dict["PORT"] = self.port
-        own_connection.close()
-
-
 class _named:
     def __init__(self, alias, name):
         self.alias, self.name = alias, name
@@ -325,4 +299,3 @@ class _database:
     def __exit__(self, *exc):
         with self._admin() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
-

@@ -13,12 +13,12 @@ from django.db import connections
 
 import timeouts
 from tests import processes
+from tests.shards import ALIASES, use_three_shards
 from timeouts import shards
 from timeouts.listener import APPLICATION_NAME
 from timeouts.models import TimeoutTask
 
 Status = TimeoutTask.Status
-ALIASES = ["default", "shard_b", "shard_c"]
 pytestmark = [pytest.mark.django_db(transaction=True, databases=ALIASES), pytest.mark.slow, pytest.mark.timeout(120)]
 
 ON_TIME = 1.0  # seconds: the most a start may lag its action_time here
@@ -27,7 +27,7 @@ ON_TIME = 1.0  # seconds: the most a start may lag its action_time here
 @pytest.fixture(autouse=True)
 def three_shards(settings):
     # Autouse: in force before the worker fixture hands the settings to the worker process.
-    settings.TIMEOUTS = {**settings.TIMEOUTS, "SHARDS": ALIASES}
+    use_three_shards(settings)
 
 
 def listening(alias) -> int:

@@ -76,6 +76,25 @@ FROM (SELECT status, attempts, started_at, extract(epoch FROM started_at - actio
       WHERE action_time > now() - %(window)s AND action_time <= now() AND status <> :CANCELLED) AS recent;
 
 
+-- name: lateness_points
+-- The lateness of the same first attempts as `lateness`, for merging several shards' percentiles:
+-- how many started, and `points` evenly spaced quantiles of their lateness (the 0th to the 100th
+-- percentile). With at most `points` tasks the quantiles are the sorted values themselves.
+WITH late AS MATERIALIZED (
+    SELECT extract(epoch FROM started_at - action_time)::float8 AS late
+    FROM timeouts_task
+    WHERE action_time > now() - %(window)s AND action_time <= now() AND status <> :CANCELLED
+      AND attempts = 1 AND started_at IS NOT NULL
+), counted AS (
+    SELECT count(*) AS started, least(count(*), %(points)s) AS k FROM late
+)
+SELECT counted.started,
+       (SELECT percentile_cont(f.fractions) WITHIN GROUP (ORDER BY late) FROM late) AS points
+FROM counted,
+     LATERAL (SELECT array_agg(i::float8 / greatest(counted.k - 1, 1) ORDER BY i) AS fractions
+              FROM generate_series(0, counted.k - 1) AS i) AS f;
+
+
 -- name: partition_sizes
 -- Every partition's size on disk: table, indexes and TOAST.
 SELECT c.relname AS name, pg_total_relation_size(c.oid) AS bytes

@@ -1,23 +1,35 @@
-"""manage.py timeouts_stats: what the task table holds, cheaply (see timeouts/stats.py)."""
+"""manage.py timeouts_stats: what the task table holds, cheaply (see timeouts/stats.py), on every shard
+(timeouts/shard_report.py)."""
 
 import json
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
-from timeouts import stats
+from timeouts import report_text, shard_report, shards, stats
 
 
 class Command(BaseCommand):
     help = ("Counts by status and biz_type (estimated on large tables unless --exact), the oldest overdue task, "
             "rows in the DEFAULT partition, recent lateness percentiles, each biz_type's limits, pause and overdue "
-            "tasks, and the partitions with their sizes.")
+            "tasks, and the partitions with their sizes. With several shards: the totals, then each shard's "
+            "numbers; exits with status 1 when a shard cannot be read (after printing the others).")
 
     def add_arguments(self, parser):
         parser.add_argument("--exact", action="store_true", help="count every row (slow on large tables)")
         parser.add_argument("--minutes", type=int, default=15, help="lateness of tasks due in the last N minutes")
         parser.add_argument("--json", action="store_true", dest="as_json", help="print one JSON document")
-        parser.add_argument("--database", default="default")
+        parser.add_argument("--database", default=None,
+                            help="one database's report (default: every shard of TIMEOUTS['SHARDS'])")
 
     def handle(self, *args, exact, minutes, as_json, database, **options):
-        report = stats.report(exact=exact, minutes=minutes, using=database)
-        self.stdout.write(json.dumps(report, indent=2, default=str) if as_json else stats.format_report(report))
+        aliases = (database,) if database else shards.aliases()
+        if len(aliases) == 1:
+            report = stats.report(exact=exact, minutes=minutes, using=aliases[0])
+        else:
+            report = shard_report.report_of_shards(aliases, exact=exact, minutes=minutes)
+        self.stdout.write(json.dumps(report, indent=2, default=str) if as_json else report_text.format_report(report))
+        unread = shard_report.unread_shards(report)
+        if unread:
+            # Everything that could be read is printed above; the status tells a script or a
+            # monitor that the totals leave some shards out.
+            raise CommandError(f"could not read the shards {', '.join(unread)}: the totals leave them out")
