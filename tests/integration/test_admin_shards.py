@@ -210,3 +210,15 @@ def test_a_shard_that_cannot_be_reached_leaves_the_page_working_with_a_message(a
                                          "Cancelled 2 tasks.", message]
     assert [row(task).status for task in tasks.values()] == [Status.CANCELLED, Status.PENDING, Status.CANCELLED]
     assert len(job_ids(client.get(URL))) == 3  # back
+
+
+def test_the_businesses_page_shows_one_shard_at_a_time(as_user):
+    overdue = datetime.now(UTC) - timedelta(minutes=5)
+    on("shard_b", at=overdue), on("shard_b", at=overdue), on("default", at=overdue)
+    client = as_user("viewer")
+    url = "/admin/timeouts/timeouttask/businesses/"
+    first, second = client.get(url), client.get(url, {"shard": "shard_b"})
+    assert [str(r.overdue) for r in first.context["rows"] if r.biz_type == "test.record"] == ["1"]
+    assert [str(r.overdue) for r in second.context["rows"] if r.biz_type == "test.record"] == ["2"]
+    assert (first.context["shard"], second.context["shard"]) == ("default", "shard_b")
+    assert '<a href="?shard=shard_c">shard_c</a>' in second.content.decode()

@@ -7,7 +7,9 @@ each change goes through timeouts.pause(), resume(), set_limits() or reset_limit
 admin log.
 
 Every number on it comes from bounded, index-served queries (timeouts.stats, sql/stats.sql), so
-it answers as fast on tens of millions of rows as on a few.
+it answers as fast on tens of millions of rows as on a few. With several shards it shows one shard's
+numbers at a time (the first, or the one `?shard=` names: each shard's charts are its own, and
+percentiles of several do not add up); limits and pauses are written to every shard.
 """
 
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
-from .. import operations, registry, stats
+from .. import operations, registry, shards, stats
 from ..errors import InvalidOption, TimeoutsError
 from ..models import TimeoutTask
 from . import charts, control
@@ -103,7 +105,9 @@ def businesses_view(model_admin, request):
         return HttpResponseRedirect(request.get_full_path())
     if request.method not in ("GET", "HEAD"):
         return HttpResponseNotAllowed(["GET", "HEAD", "POST"])
-    now, found = rows(using=model_admin.model.objects.db)
+    aliases = shards.aliases()
+    shard = request.GET.get("shard") if request.GET.get("shard") in aliases else aliases[0]
+    now, found = rows(using=shard)
     context = {
         **model_admin.admin_site.each_context(request),
         "opts": model_admin.opts,
@@ -114,6 +118,8 @@ def businesses_view(model_admin, request):
         "overdue_limit": f"{stats.OVERDUE_LIMIT:,}",
         "legend": charts.legend(),
         "can_change": can_change,
+        "shards": aliases if len(aliases) > 1 else (),
+        "shard": shard,
     }
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "admin/timeouts/businesses.html", context)
