@@ -3,7 +3,10 @@
 --
 -- "Now" is the database clock: clock_timestamp() where a statement must see the real time inside a
 -- longer transaction, now() in the short claim transactions, where it also lets the planner prune
--- future partitions.
+-- future partitions. A write reads clock_timestamp() in its FROM list (or in the row it inserts),
+-- never in an UPDATE's SET nor in a RETURNING list, where distributed PostgreSQL (Citus) refuses
+-- a volatile function outright; what else Citus would need is in docs: explanation/shards
+-- (tests/unit/test_citus_ready.py keeps the rule).
 
 
 -- name: insert_task
@@ -82,12 +85,15 @@ SELECT * FROM timeouts_task WHERE job_id = %(job_id)s;
 
 -- name: reschedule_task
 -- Changing action_time moves the row to another partition when it crosses a bucket boundary.
+-- Both readings of the clock are in one subquery: a nested subquery for `now` would add its
+-- planning to every call (measured: 25 us).
 UPDATE timeouts_task
-SET action_time = due.t, run_at = due.t, status = :PENDING, lease_until = NULL, modified_at = clock_timestamp()
-FROM (SELECT coalesce(%(at)s::timestamptz, clock_timestamp() + %(delay)s::interval) AS t) AS due
+SET action_time = due.t, run_at = due.t, status = :PENDING, lease_until = NULL, modified_at = due.now
+FROM (SELECT coalesce(%(at)s::timestamptz, clock_timestamp() + %(delay)s::interval) AS t,
+             clock_timestamp() AS now) AS due
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status IN (:PENDING, :DISPATCHED)
 RETURNING timeouts_task.*,
-    timeouts_notify_v1(%(channel)s, due.t, clock_timestamp() + %(horizon)s * interval '1 second') AS notified;
+    timeouts_notify_v1(%(channel)s, due.t, due.now + %(horizon)s * interval '1 second') AS notified;
 
 
 -- name: requeue_task
@@ -341,10 +347,11 @@ SELECT * FROM claimed;
 -- name: release_claims
 -- Give back claims whose message was never published, without waiting for their lease.
 UPDATE timeouts_task AS t
-SET status = :PENDING, lease_until = NULL, modified_at = clock_timestamp()
-FROM unnest(%(job_ids)s::bigint[], %(action_times)s::timestamptz[]) AS r(job_id, action_time)
+SET status = :PENDING, lease_until = NULL, modified_at = c.now
+FROM unnest(%(job_ids)s::bigint[], %(action_times)s::timestamptz[]) AS r(job_id, action_time),
+     (SELECT clock_timestamp() AS now) AS c
 WHERE t.job_id = r.job_id AND t.action_time = r.action_time AND t.status = :DISPATCHED
-RETURNING timeouts_notify_v1(%(channel)s, t.run_at, clock_timestamp() + %(horizon)s * interval '1 second');
+RETURNING timeouts_notify_v1(%(channel)s, t.run_at, c.now + %(horizon)s * interval '1 second');
 
 
 -- name: start_task
@@ -510,9 +517,10 @@ RETURNING job_id, biz_type;
 -- as finish_task: a long call is not taken for lost while its process lives, and the leases of a
 -- process that died run out as before.
 UPDATE timeouts_task AS t
-SET lease_until = clock_timestamp() + t.ttr * interval '1 second'
+SET lease_until = c.now + t.ttr * interval '1 second'
 FROM unnest(%(job_ids)s::bigint[], %(action_times)s::timestamptz[], %(attempts)s::integer[])
-    AS r(job_id, action_time, attempt)
+    AS r(job_id, action_time, attempt),
+     (SELECT clock_timestamp() AS now) AS c
 WHERE t.job_id = r.job_id AND t.action_time = r.action_time AND t.status = :RUNNING AND t.attempts = r.attempt
 RETURNING t.job_id;
 
@@ -520,6 +528,8 @@ RETURNING t.job_id;
 -- The limits and pauses of biz_types (timeouts/isolation.py), in timeouts_limits. What is in force:
 -- set_limits()' values when overridden, else the handler's declared ones. A change that may let
 -- tasks be claimed sooner wakes the dispatchers (with "now" as the deadline), so it applies at once.
+-- A write reads the clock for the row it inserts: the upsert's update takes that reading from
+-- `excluded`, and the NOTIFY's "now" is the row's modified_at.
 
 -- name: limits_of
 SELECT CASE WHEN overridden THEN rate_limit ELSE declared_rate_limit END AS rate_limit,
@@ -536,35 +546,39 @@ SELECT biz_type, declared_rate_limit, declared_concurrency FROM timeouts_limits;
 -- name: declare_limits
 -- Wakes nobody: the scan that declares claims next, and a dispatcher re-reads its deadline within
 -- seconds; a dispatcher starting would otherwise wake them all for nothing.
-INSERT INTO timeouts_limits AS l (biz_type, declared_rate_limit, declared_concurrency)
-SELECT * FROM unnest(%(biz_types)s::varchar[], %(rate_limits)s::float8[], %(concurrencies)s::integer[])
+INSERT INTO timeouts_limits AS l (biz_type, declared_rate_limit, declared_concurrency, modified_at)
+SELECT d.biz_type, d.rate_limit, d.concurrency, c.now
+FROM unnest(%(biz_types)s::varchar[], %(rate_limits)s::float8[], %(concurrencies)s::integer[])
+         AS d(biz_type, rate_limit, concurrency),
+     (SELECT clock_timestamp() AS now) AS c
 ON CONFLICT (biz_type) DO UPDATE
 SET declared_rate_limit = excluded.declared_rate_limit, declared_concurrency = excluded.declared_concurrency,
-    modified_at = clock_timestamp();
+    modified_at = excluded.modified_at;
 
 
 -- name: override_limits
 INSERT INTO timeouts_limits AS l
-    (biz_type, declared_rate_limit, declared_concurrency, overridden, rate_limit, concurrency)
-VALUES (%(biz_type)s, %(declared_rate_limit)s, %(declared_concurrency)s, true, %(rate_limit)s, %(concurrency)s)
+    (biz_type, declared_rate_limit, declared_concurrency, overridden, rate_limit, concurrency, modified_at)
+VALUES (%(biz_type)s, %(declared_rate_limit)s, %(declared_concurrency)s, true, %(rate_limit)s, %(concurrency)s,
+        clock_timestamp())
 ON CONFLICT (biz_type) DO UPDATE
 SET overridden = true, rate_limit = excluded.rate_limit, concurrency = excluded.concurrency,
-    modified_at = clock_timestamp()
-RETURNING timeouts_notify_v1(%(channel)s, clock_timestamp(), clock_timestamp());
+    modified_at = excluded.modified_at
+RETURNING timeouts_notify_v1(%(channel)s, l.modified_at, l.modified_at);
 
 
 -- name: reset_limits
 -- The declared values are this process's, for a biz_type no claimer has declared yet.
-INSERT INTO timeouts_limits AS l (biz_type, declared_rate_limit, declared_concurrency)
-VALUES (%(biz_type)s, %(declared_rate_limit)s, %(declared_concurrency)s)
+INSERT INTO timeouts_limits AS l (biz_type, declared_rate_limit, declared_concurrency, modified_at)
+VALUES (%(biz_type)s, %(declared_rate_limit)s, %(declared_concurrency)s, clock_timestamp())
 ON CONFLICT (biz_type) DO UPDATE
-SET overridden = false, rate_limit = NULL, concurrency = NULL, modified_at = clock_timestamp()
-RETURNING timeouts_notify_v1(%(channel)s, clock_timestamp(), clock_timestamp());
+SET overridden = false, rate_limit = NULL, concurrency = NULL, modified_at = excluded.modified_at
+RETURNING timeouts_notify_v1(%(channel)s, l.modified_at, l.modified_at);
 
 
 -- name: pause_biz_type
-INSERT INTO timeouts_limits AS l (biz_type, declared_rate_limit, declared_concurrency, paused)
-VALUES (%(biz_type)s, %(declared_rate_limit)s, %(declared_concurrency)s, %(paused)s)
+INSERT INTO timeouts_limits AS l (biz_type, declared_rate_limit, declared_concurrency, paused, modified_at)
+VALUES (%(biz_type)s, %(declared_rate_limit)s, %(declared_concurrency)s, %(paused)s, clock_timestamp())
 ON CONFLICT (biz_type) DO UPDATE
-SET paused = excluded.paused, modified_at = clock_timestamp()
-RETURNING CASE WHEN NOT l.paused THEN timeouts_notify_v1(%(channel)s, clock_timestamp(), clock_timestamp()) END;
+SET paused = excluded.paused, modified_at = excluded.modified_at
+RETURNING CASE WHEN NOT l.paused THEN timeouts_notify_v1(%(channel)s, l.modified_at, l.modified_at) END;
