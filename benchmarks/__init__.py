@@ -8,7 +8,9 @@
     stats      lateness, missing, duplicates   report     medians, tables, JSON
     targets    ratios and the targets
     machine    what the numbers were measured on           peers      the shared peer harness
-    progress   progress display on stderr
+    progress   progress display on stderr                  clusters   a throwaway PostgreSQL cluster
+    shards     the shard scenarios' wiring                 shard_load   drain and outage over shards
+    shard_costs  idle and single-shard overhead            shard_servers  shard databases, CPU meter
 
 Nothing here is imported by the runtime: the handlers exist only in processes that import
 `benchmarks.handlers` (the bench itself, and its worker via `--include`).

@@ -9,7 +9,9 @@ DURABLE_SCENARIOS = ("durable_spread", "durable_memory", "durable_restart", "dur
 TASKS_SCENARIOS = ("tasks_spread", "tasks_drain", "tasks_enqueue")
 # Business isolation: a neighbour's backlog, a rate limit, fair claiming's cost (benchmarks/isolation.py).
 ISOLATION_SCENARIOS = ("isolation_neighbour", "isolation_rate", "isolation_cost")
-KNOWN_SCENARIOS = SCENARIOS + DURABLE_SCENARIOS + TASKS_SCENARIOS + ISOLATION_SCENARIOS
+# Shards: throughput and CPU cost over 1-4 shards, an outage, idle cost, one shard's overhead (benchmarks/shards.py).
+SHARDS_SCENARIOS = ("shards_drain", "shards_outage", "shards_idle", "shards_overhead")
+KNOWN_SCENARIOS = SCENARIOS + DURABLE_SCENARIOS + TASKS_SCENARIOS + ISOLATION_SCENARIOS + SHARDS_SCENARIOS
 PATHS = ("scan", "dispatcher", "celery")  # celery = the same no-op body published directly
 PATH_LABELS = {"scan": "scan only", "dispatcher": "dispatcher", "celery": "celery direct"}
 PEER_SYSTEMS = ("naive_ln", "naive_poll", "procrastinate", "celery", "django_tasks")
@@ -23,7 +25,7 @@ SCENARIO_PATHS = {
     "idle": ("scan", "dispatcher"),
     "defaults": (),  # the dispatcher, under two settings modules: its variants are its paths
     # Their variants are their paths.
-    **{name: () for name in DURABLE_SCENARIOS + TASKS_SCENARIOS + ISOLATION_SCENARIOS},
+    **{name: () for name in DURABLE_SCENARIOS + TASKS_SCENARIOS + ISOLATION_SCENARIOS + SHARDS_SCENARIOS},
 }
 
 
@@ -51,8 +53,11 @@ class BenchConfig:
     n_isolation_spread: int = 2000  # isolation_neighbour: another's, due over the window
     n_rate: int = 2000  # isolation_rate: rate-limited tasks due at one instant
     n_claim: int = 20000  # isolation_cost: the backlog each claim_due claims
+    n_shards_drain: int = 20000  # shards_drain: tasks due at once, over all the shards
+    n_shards_outage: int = 2000  # shards_outage: tasks due over the window, over all three shards
     repo: str = ""  # isolation_cost: the git repository with the previous claim_due (default: the project)
     claim_sql_commit: str = ""  # isolation_cost: the commit whose claim_due is "previous" (default: found)
+    shards_base_commit: str = ""  # shards_overhead: the code before shards (default: found)
     restart_from: float = 30.0  # durable_restart: seconds from the first call to the first due time
     restart_to: float = 60.0  # ... and to the last
     restart_kill_at: float = 40.0  # ... and to the kill -9 of every worker process
@@ -88,7 +93,7 @@ class BenchConfig:
         for name in ("repeat", "n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "bulk_chunk", "concurrency",
                      "n_durable_spread", "n_durable_memory", "n_durable_restart", "n_durable_cost",
                      "n_tasks_spread", "n_tasks_drain", "n_tasks_enqueue", "n_backlog", "n_isolation_spread",
-                     "n_rate", "n_claim"):
+                     "n_rate", "n_claim", "n_shards_drain", "n_shards_outage"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
         if self.n_idle < 0:

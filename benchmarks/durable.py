@@ -28,7 +28,7 @@ from . import stats
 from .database import BenchError, reset
 from .handlers import DIRECT_TASK, DURABLE_TASK, DURABLE_TTR
 from .idle import _rss_mb
-from .pairs import paired
+from .pairs import median_ratio, ratios_of
 from .processes import Processes, flush_broker
 from .progress import note
 from .workload import due_times, wait_for_starts, wait_until, warm_worker
@@ -245,24 +245,17 @@ def _clean(out) -> dict:
 
 def ratios(runs) -> dict:
     """Per repeat: DurableTask against Celery's ETA, and against the idle worker."""
-    out = {}
-    for scenario, a, b, metrics in (
-            ("durable_spread", "durable", "celery_eta", ("p50_ms", "p99_ms", "max_ms")),
-            ("durable_memory", "durable", "idle", ("rss_mb",)),
-            ("durable_memory", "celery_eta", "idle", ("rss_mb",)),
-            ("durable_cost", "durable", "celery_eta", ("sched_per_s",))):
-        for metric in metrics:
-            s = paired(runs, scenario, a, b, metric)
-            if s:
-                out.setdefault(scenario, {}).setdefault(f"{a}/{b}", {})[metric] = s
-    return out
+    return ratios_of(runs, [(scenario, a, b, metric) for scenario, a, b, metrics in (
+        ("durable_spread", "durable", "celery_eta", ("p50_ms", "p99_ms", "max_ms")),
+        ("durable_memory", "durable", "idle", ("rss_mb",)),
+        ("durable_memory", "celery_eta", "idle", ("rss_mb",)),
+        ("durable_cost", "durable", "celery_eta", ("sched_per_s",))) for metric in metrics])
 
 
 def targets(summary, ratio_table) -> list:
     """(scenario, target, measured, check) rows, as targets.targets() lists them."""
     def ratio(scenario, pair, metric):
-        s = ratio_table.get(scenario, {}).get(pair, {}).get(metric)
-        return None if s is None else round(s["median"], 3)
+        return median_ratio(ratio_table, scenario, pair, metric)
 
     def worst(scenario, path, metrics):
         values = [summary.get(scenario, {}).get(path, {}).get(m) for m in metrics]

@@ -22,7 +22,7 @@ from timeouts.states import Status
 from . import stats
 from .database import BenchError, reset
 from .handlers import LIMITED, LIMITED_RATE, NEIGHBOUR, NOOP
-from .pairs import paired
+from .pairs import median_ratio, ratios_of
 from .processes import Processes, flush_broker
 from .workload import (
     db_now,
@@ -227,21 +227,15 @@ def _unclaim(conn):
 
 
 def ratios(runs) -> dict:
-    out = {}
-    for scenario, a, b, metric in (("isolation_neighbour", "together", "spread_alone", "p99_ms"),
-                                   ("isolation_neighbour", "together", "spread_alone", "p50_ms"),
-                                   ("isolation_neighbour", "together", "backlog_alone", "backlog_per_s"),
-                                   ("isolation_cost", "current", "previous", "claim_per_s")):
-        s = paired(runs, scenario, a, b, metric)
-        if s:
-            out.setdefault(scenario, {}).setdefault(f"{a}/{b}", {})[metric] = s
-    return out
+    return ratios_of(runs, [("isolation_neighbour", "together", "spread_alone", "p99_ms"),
+                            ("isolation_neighbour", "together", "spread_alone", "p50_ms"),
+                            ("isolation_neighbour", "together", "backlog_alone", "backlog_per_s"),
+                            ("isolation_cost", "current", "previous", "claim_per_s")])
 
 
 def targets(summary, ratio_table) -> list:
     def ratio(scenario, pair, metric):
-        s = ratio_table.get(scenario, {}).get(pair, {}).get(metric)
-        return None if s is None else round(s["median"], 3)
+        return median_ratio(ratio_table, scenario, pair, metric)
 
     def median(scenario, path, metric):
         s = summary.get(scenario, {}).get(path, {}).get(metric)

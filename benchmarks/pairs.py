@@ -23,3 +23,20 @@ def by_rep(ours, theirs, metric, their_metric):
         if p.get("bench_rep") in by:
             by[p["bench_rep"]][1] = p.get(their_metric)
     return summarize([a / b for a, b in by.values() if a is not None and b])
+
+
+def ratios_of(runs, pairs) -> dict:
+    """{scenario: {"a/b": {metric: summary}}} of paired() for each (scenario, a, b, metric) of
+    `pairs` that has runs: the ratios the targets read."""
+    out = {}
+    for scenario, a, b, metric in pairs:
+        s = paired(runs, scenario, a, b, metric)
+        if s:
+            out.setdefault(scenario, {}).setdefault(f"{a}/{b}", {})[metric] = s
+    return out
+
+
+def median_ratio(table, scenario, pair, metric):
+    """The median of one ratios_of() entry, rounded as the targets show it; None if not measured."""
+    s = table.get(scenario, {}).get(pair, {}).get(metric)
+    return None if s is None else round(s["median"], 3)

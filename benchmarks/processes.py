@@ -7,6 +7,7 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -111,3 +112,10 @@ class Processes:
     def stop_all(self):
         for _name, process in reversed(list(self.running)):
             self.stop(process)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

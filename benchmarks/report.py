@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+from . import shards
 from .config import PATH_LABELS
 from .durable import LABELS
 from .isolation import LABELS as ISOLATION_LABELS
@@ -10,7 +11,8 @@ from .peers import peer_scenario
 from .stats import summarize
 from .tasks_backend import LABELS as TASKS_LABELS
 
-DURABLE_LABELS = {**LABELS, **TASKS_LABELS, **ISOLATION_LABELS}  # the variants of the scenarios that compare two ways
+# the variants of the scenarios that compare two ways (or more)
+DURABLE_LABELS = {**LABELS, **TASKS_LABELS, **ISOLATION_LABELS, **shards.LABELS}
 
 TIMED_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "early",
                  "sched_per_s", "sched_overrun", "claim_per_s", "start_per_s", "drain_total_s", "cpu_steal_pct")
@@ -36,6 +38,7 @@ DURABLE_METRICS = {
     "isolation_rate": ("start_span_s", "max_per_1s", "p50_ms", "max_ms", "missing", "duplicates", "early",
                        "cpu_steal_pct"),
     "isolation_cost": ("claim_per_s", "cpu_steal_pct"),
+    **shards.METRICS,
 }
 DURABLE_HEADERS = {
     "durable_spread": ["p50 ms", "p90 ms", "p99 ms", "max ms", "missing", "dup", "early", "calls/s", "steal %"],
@@ -51,6 +54,7 @@ DURABLE_HEADERS = {
                             "backlog starts/s", "backlog missing", "backlog dup", "steal %"],
     "isolation_rate": ["starts over s", "most in 1 s", "p50 ms", "max ms", "missing", "dup", "early", "steal %"],
     "isolation_cost": ["claimed/s", "steal %"],
+    **shards.HEADERS,
 }
 DURABLE_TITLES = {
     "durable_spread": "{n_durable_spread:,} calls due over {window:.0f} s, one worker (lateness in ms)",
@@ -65,6 +69,7 @@ DURABLE_TITLES = {
                             "due over {window:.0f} s (lateness of the latter, ms)"),
     "isolation_rate": "{n_rate:,} tasks due at one instant, rate_limit=200",
     "isolation_cost": "claim_due alone over {n_claim:,} due tasks of one biz_type, no limits (median of rounds)",
+    **shards.TITLES,
 }
 PEER_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "schedule_per_s", "drain_per_s",
                 "idle_qps", "idle_cpu_pct")

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import defaults, durable, idle, isolation, machine, report, scenarios, targets, tasks_backend, throughput
+from . import defaults, durable, idle, isolation, machine, report, scenarios, shards, targets, tasks_backend, throughput
 from .database import BenchDatabase, BenchError
 from .peers import Peers
 from .processes import child_env, dispatcher_available, flush_broker
@@ -85,8 +85,9 @@ def run(cfg, *, settings_module, root, broker_in_use=None) -> dict:
                 notes.append(f"measured a working tree with uncommitted changes to {len(result['code']['modified'])} "
                              f"file(s) on top of {str(result['code']['commit'])[:10]} (listed in the JSON)")
             result["timeouts_settings"] = _timeouts_settings()
-            pg_log = idle.find_pg_log(conn, cfg.pg_log) if "idle" in cfg.scenarios else ""
-            if "idle" in cfg.scenarios and not pg_log:
+            idles = {"idle", "shards_idle"} & set(cfg.scenarios)
+            pg_log = idle.find_pg_log(conn, cfg.pg_log) if idles else ""
+            if idles and not pg_log:
                 notes.append("the server log is not readable: idle queries/s are transactions/s instead")
             ctx = Context(cfg, db, conn, alias, app, env, Path(root), log_dir, pg_log)
             peers = _peers(cfg, db, json_path, notes)
@@ -118,7 +119,8 @@ def run(cfg, *, settings_module, root, broker_in_use=None) -> dict:
 def _scenario(ctx, scenario, rep, notes) -> list[dict]:
     """Every path of one scenario in one repeat. A failed run is recorded and the bench goes on."""
     cfg, out = ctx.cfg, []
-    if scenario in ("schedule", "defaults", *durable.SCENARIOS, *tasks_backend.SCENARIOS, *isolation.SCENARIOS):
+    if scenario in ("schedule", "defaults", *durable.SCENARIOS, *tasks_backend.SCENARIOS, *isolation.SCENARIOS,
+                    *shards.SCENARIOS):
         note(f"repeat {rep + 1}/{cfg.repeat}: {scenario}")
         try:
             before = machine.cpu_times()
@@ -128,12 +130,16 @@ def _scenario(ctx, scenario, rep, notes) -> list[dict]:
                 variants = tasks_backend.run(ctx, scenario, rep)
             elif scenario in isolation.SCENARIOS:
                 variants = isolation.run(ctx, scenario, rep)
+            elif scenario in shards.SCENARIOS:
+                variants = shards.run(ctx, scenario, rep)
             else:
                 variants = (throughput if scenario == "schedule" else defaults).run(ctx, rep)
             steal = machine.steal_pct(before, machine.cpu_times())
             for variant, r in variants.items():
                 if variant != "ratios":
                     out.append({"scenario": scenario, "path": variant, "rep": rep, "cpu_steal_pct": steal, **r})
+                if "error" in r:  # a variant that failed on its own, the others measured
+                    notes.append(f"{scenario}/{variant} repeat {rep + 1} failed: {r['error']}")
         except (BenchError, TimeoutError, OSError, RuntimeError, ValueError) as exc:
             out.append(_failed(scenario, "all", rep, exc, notes))
         return out
@@ -175,6 +181,7 @@ def _finish(result, runs, peer_runs, cfg):
     ratios.update(durable.ratios(runs))
     ratios.update(tasks_backend.ratios(runs, peer_runs))
     ratios.update(isolation.ratios(runs))
+    ratios.update(shards.ratios(runs))
     schedule = targets.schedule_ratios(runs)
     if schedule:
         ratios.setdefault("schedule", {}).update(schedule)

@@ -80,6 +80,16 @@ TIMEOUTS = {
     "SCAN_INTERVAL": float(os.environ.get("TIMEOUTS_SCAN_INTERVAL", "5")),
     "MAX_DISPATCHED": int(os.environ.get("TIMEOUTS_MAX_DISPATCHED", "1000")),
 }
+# More shards, for processes that a benchmark starts on several databases:
+# TIMEOUTS_SHARD_URLS="alias=url,alias=url" adds each alias with the default's options, and makes
+# the shards "default" followed by them. Without it, "default" is the only shard.
+_SHARD_URLS = [item.split("=", 1) for item in os.environ.get("TIMEOUTS_SHARD_URLS", "").split(",") if item]
+for _alias, _url in _SHARD_URLS:
+    _where = {key: value for key, value in dj_database_url.parse(_url).items()
+              if key in ("NAME", "USER", "PASSWORD", "HOST", "PORT")}
+    DATABASES[_alias] = {**{key: value for key, value in DATABASES["default"].items() if key != "TEST"}, **_where}
+if _SHARD_URLS:
+    TIMEOUTS["SHARDS"] = ["default", *(alias for alias, _ in _SHARD_URLS)]
 
 # Celery: timeouts.celery.setup(app) in project/celery.py applies what timeouts relies on (JSON, one
 # message prefetched per process, the beat entries); these are the project's own choices.

@@ -1,7 +1,6 @@
 """Start and stop real processes for tests: each in its own session, always stopped by PID."""
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -10,7 +9,7 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
-from benchmarks.processes import stop_group
+from benchmarks.processes import free_port, stop_group  # noqa: F401 (free_port: for the tests)
 from timeouts.celery import BEAT_QUEUE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,12 +98,6 @@ def scanning(interval):
     finally:
         stop.set()
         scanner.join(30)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager

@@ -10,7 +10,7 @@ from benchmarks.config import KNOWN_SCENARIOS, PATHS, PEER_SYSTEMS, BenchConfig
 
 SIZES = ("n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "n_idle", "n_durable_spread", "n_durable_memory",
          "n_durable_restart", "n_durable_cost", "n_tasks_spread", "n_tasks_drain", "n_tasks_enqueue", "n_backlog",
-         "n_isolation_spread", "n_rate", "n_claim")
+         "n_isolation_spread", "n_rate", "n_claim", "n_shards_drain", "n_shards_outage")
 
 
 def _names(text):
@@ -47,6 +47,8 @@ class Command(BaseCommand):
         add("--repo", default="", help="isolation_cost: the git repository to read the previous claim_due from")
         add("--claim-sql-commit", default="",
             help="isolation_cost: the commit whose claim_due to compare with (default: the newest that differs)")
+        add("--shards-base-commit", default="",
+            help="shards_overhead: the commit to compare with (default: the parent of the one adding shards)")
         add("--drain-timeout", type=float, default=d.drain_timeout,
             help="seconds to wait for a backlog's tasks to start")
         add("--wait-tail", type=float, default=d.wait_tail,
