@@ -75,7 +75,7 @@ def _execute(sql, params):
 
 
 def record_run(task_id, fence):
-    job_id, _action_time, attempt, _partition = fence
+    job_id, _action_time, attempt, *_ = fence  # then the partition and the shard
     _execute("INSERT INTO oracle_call_run (token, task_id, job_id, attempt, pid) VALUES (%s, %s, %s, %s, %s) "
              "ON CONFLICT (token) DO NOTHING", (str(uuid.uuid4()), task_id, job_id, attempt, os.getpid()))
 
