@@ -140,7 +140,7 @@ def test_a_shard_that_is_down_holds_back_only_its_own_tasks(starts, eager_celery
 def test_a_durable_call_lives_on_the_shard_of_its_task_id_and_is_cancelled_there(broker):
     from tests.testapp.tasks import record
 
-    results = [record.apply_async((n,), countdown=600) for n in range(12)]
+    results = [record.apply_async((n,), countdown=600) for n in range(60)]  # every shard gets some
     for result in results:
         alias = shards.hashed(result.id).alias
         assert where_call(result.id) == [alias]
@@ -155,7 +155,7 @@ def test_a_durable_call_lives_on_the_shard_of_its_task_id_and_is_cancelled_there
 def test_a_django_task_is_found_and_cancelled_on_its_shard_by_its_result_id(django_task_tables):
     from tests.testapp import django_tasks
 
-    results = [django_tasks.add.using(run_after=in_an_hour()).enqueue(n, 1) for n in range(12)]
+    results = [django_tasks.add.using(run_after=in_an_hour()).enqueue(n, 1) for n in range(60)]
     held = {shards.alias_of_job(int(result.id.split("-")[0])) for result in results}
     assert held == set(ALIASES)  # spread: no business key ties them to one shard
     for result in results:
