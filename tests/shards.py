@@ -1,19 +1,29 @@
-"""What the shard tests share: the three test databases as shards (tests/settings.py), a biz_id
+"""What the shard tests share: the three test databases as shards (tests/settings.py; import
+`three_shards` into a test module), a biz_id
 that lives on a given shard, and a shard made unreachable."""
 
 import itertools
 
+import pytest
 from django.db import connections
 
+from tests.isolation import forget_limits
 from tests.processes import free_port
 from timeouts import own_connection, shards
 
 ALIASES = ["default", "shard_b", "shard_c"]
 
 
-def use_three_shards(settings):
-    """`settings`: pytest-django's fixture, which puts the setting back after the test."""
+@pytest.fixture(autouse=True)
+def three_shards(settings):
+    """The three test databases as TIMEOUTS["SHARDS"], in every test of a module that imports this
+    (autouse: in force before a worker fixture hands the settings to its process), with no limit
+    or pause stored on any of them before or after: timeouts_limits has no model, so Django's flush
+    leaves it, and a pause left on a shard would hold its tasks in later tests."""
     settings.TIMEOUTS = {**settings.TIMEOUTS, "SHARDS": ALIASES}
+    forget_limits(ALIASES)
+    yield
+    forget_limits(ALIASES)
 
 
 def key_on(alias, prefix="key", biz_type="test.record"):

@@ -12,8 +12,7 @@ from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
 import timeouts
-from tests.isolation import forget_limits
-from tests.shards import ALIASES, unreachable, use_three_shards
+from tests.shards import ALIASES, three_shards, unreachable  # noqa: F401 (an autouse fixture)
 from timeouts import shards, stats
 from timeouts.admin import TimeoutTaskAdmin
 from timeouts.admin.paginator import EstimatedCountPaginator
@@ -22,14 +21,6 @@ from timeouts.models import TimeoutTask
 Status = TimeoutTask.Status
 URL = "/admin/timeouts/timeouttask/"
 pytestmark = [pytest.mark.django_db(transaction=True, databases=ALIASES), pytest.mark.timeout(120)]
-
-
-@pytest.fixture(autouse=True)
-def three_shards(settings):
-    use_three_shards(settings)
-    forget_limits(ALIASES)  # a pause left on a shard would hold its tasks in later tests
-    yield
-    forget_limits(ALIASES)
 
 
 @pytest.fixture

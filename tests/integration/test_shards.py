@@ -15,8 +15,7 @@ from django.db import connections
 
 import timeouts
 import timeouts.celery
-from tests.isolation import forget_limits
-from tests.shards import ALIASES, key_on, unreachable, use_three_shards
+from tests.shards import ALIASES, key_on, three_shards, unreachable  # noqa: F401 (an autouse fixture)
 from timeouts import checks, own_connection, shards, tasks
 from timeouts.backends import cancel as backend_cancel
 from timeouts.claiming import claim_due
@@ -27,14 +26,6 @@ from timeouts.scan import scan
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True, databases=ALIASES), pytest.mark.timeout(120)]
-
-
-@pytest.fixture(autouse=True)
-def three_shards(settings):
-    use_three_shards(settings)
-    forget_limits(ALIASES)
-    yield
-    forget_limits(ALIASES)
 
 
 def where(job_id) -> list[str]:

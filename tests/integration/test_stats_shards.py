@@ -16,22 +16,13 @@ from django.urls import path
 from prometheus_client.parser import text_string_to_metric_families
 
 import timeouts
-from tests.isolation import forget_limits
-from tests.shards import ALIASES, key_on, unreachable, use_three_shards
+from tests.shards import ALIASES, key_on, three_shards, unreachable  # noqa: F401 (an autouse fixture)
 from timeouts import metrics, shard_report
 from timeouts.models import TimeoutTask
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True, databases=ALIASES), pytest.mark.timeout(60)]
 urlpatterns = [path("metrics/timeouts", metrics.metrics_view)]
-
-
-@pytest.fixture(autouse=True)
-def three_shards(settings):
-    use_three_shards(settings)
-    forget_limits(ALIASES)  # a pause left on a shard would hold its tasks in later tests
-    yield
-    forget_limits(ALIASES)
 
 
 @pytest.fixture

@@ -13,8 +13,7 @@ from django.db import connections
 
 import timeouts
 from tests import processes
-from tests.isolation import forget_limits
-from tests.shards import ALIASES, use_three_shards
+from tests.shards import ALIASES, three_shards  # noqa: F401 (an autouse fixture)
 from timeouts import shards
 from timeouts.listener import APPLICATION_NAME
 from timeouts.models import TimeoutTask
@@ -23,15 +22,6 @@ Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True, databases=ALIASES), pytest.mark.slow, pytest.mark.timeout(120)]
 
 ON_TIME = 1.0  # seconds: the most a start may lag its action_time here
-
-
-@pytest.fixture(autouse=True)
-def three_shards(settings):
-    # Autouse: in force before the worker fixture hands the settings to the worker process.
-    use_three_shards(settings)
-    forget_limits(ALIASES)  # a pause left on a shard would hold its tasks in later tests
-    yield
-    forget_limits(ALIASES)
 
 
 def listening(alias) -> int:
