@@ -188,7 +188,8 @@ def _cost(ctx, rep) -> dict:
     commit, previous = claim_sql_before(ctx.cwd, cfg.repo or None, cfg.claim_sql_commit or None)
     current = parse((ctx.cwd / "timeouts/sql/queries.sql").read_text())["claim_due"]
     batch = get_settings().SCAN_BATCH_SIZE
-    values = {"limit": batch, "lead": 0.0, "max_dispatched": cfg.n_claim + 1, **notify_params()}
+    values = {"limit": batch, "lead": 0.0, "max_dispatched": cfg.n_claim + 1, "shard_index": 0, "shard_count": 1,
+              **notify_params()}
     queries = {"current": substitute(current), "previous": substitute(previous)}
     for name, sql in queries.items():
         unknown = sorted(set(PARAM.findall(sql)) - set(values))

@@ -77,7 +77,7 @@ def wait_for(predicate, timeout, interval=0.05, message="condition"):
 def scanning(interval):
     """The safety scan in a thread of this process, every `interval` seconds (as beat would run it,
     only faster), until the block ends."""
-    from django.db import connection
+    from django.db import connections
 
     from timeouts.scan import scan
 
@@ -89,7 +89,7 @@ def scanning(interval):
                 scan()
                 time.sleep(interval)
         finally:
-            connection.close()  # this thread's
+            connections.close_all()  # this thread's, to every shard it scanned
 
     scanner = threading.Thread(target=keep_scanning)
     scanner.start()

@@ -12,7 +12,7 @@ from datetime import datetime
 from django.db import DEFAULT_DB_ALIAS, Error
 from django.db.transaction import TransactionManagementError
 
-from . import events, faults, own_connection
+from . import events, faults, own_connection, shards
 from .conf import get_settings, notify_params
 from .queries import execute, fetch_dicts
 from .retry import retry_on_conflict
@@ -63,7 +63,9 @@ def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
     if own_connection.current().in_atomic_block:
         raise TransactionManagementError(
             "claim_due() must commit before publishing: call it outside transaction.atomic()")
-    params = {"limit": min(limit, MAX_CLAIM), "lead": float(lead), "max_dispatched": get_settings().MAX_DISPATCHED}
+    shard = own_connection.current().alias
+    params = {"limit": min(limit, MAX_CLAIM), "lead": float(lead), "max_dispatched": get_settings().MAX_DISPATCHED,
+              **shards.position(shard)}
 
     def claim():
         return fetch_dicts("claim_due", params)
@@ -73,7 +75,6 @@ def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
     rows = events.dispatched(retry_on_conflict(claim))
     if rows:
         faults.fault("claim.after_commit")
-    shard = own_connection.current().alias
     return sorted(
         (
             Claim(

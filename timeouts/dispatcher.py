@@ -214,7 +214,8 @@ class Dispatcher:
         """When limits or pauses hold some biz_types back, lower the wake-up time to when the next
         task may be claimed, not merely fall due; False when none is limited or paused."""
         # The poll is counted from the wake-up, which comes a lead before the deadline.
-        row = self.listener.query("claimable_deadline", {"concurrency_poll": CONCURRENCY_POLL + self.lead})
+        row = self.listener.query("claimable_deadline", {"concurrency_poll": CONCURRENCY_POLL + self.lead,
+                                                         **shards.position(self.alias)})
         self.stats.add(reads=1, queries=1)
         if not row["held"]:
             return False

@@ -33,7 +33,8 @@ def parse(text: str) -> dict[str, str]:
     return queries
 
 
-QUERY_FILES = ("queries.sql", "partitions.sql", "dispatcher.sql", "stats.sql", "tasks_backend.sql", "shards.sql")
+QUERY_FILES = ("queries.sql", "partitions.sql", "dispatcher.sql", "stats.sql", "tasks_backend.sql", "shards.sql",
+               "limit_shares.sql")
 
 
 def _load():

@@ -85,3 +85,10 @@ def copy_limits(source: str, targets: list[str]) -> None:
     for alias in targets:
         for row in rows:
             execute("insert_limits_row", row, using=connections[alias]).close()
+
+
+def clear_limit_shares(aliases: list[str]) -> None:
+    """Every shard back to even parts of the limits: the parts were shared among the old shards
+    (limit_shares.py), and the next scan shares them among the new ones."""
+    for alias in aliases:
+        execute("clear_limit_shares", using=connections[alias]).close()

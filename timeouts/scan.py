@@ -6,7 +6,7 @@ import time
 
 from django.db import DatabaseError
 
-from . import isolation, own_connection, shards
+from . import isolation, limit_shares, own_connection, shards
 from .claiming import MAX_CLAIM, claim_due
 from .conf import get_settings
 from .publishing import publish
@@ -25,6 +25,10 @@ def scan(*, max_seconds=None) -> int:
     if len(aliases) == 1:
         with own_connection.shared(aliases[0]):
             return _scan_shard(deadline)
+    try:
+        limit_shares.share_limits()  # before the claims, which read the parts
+    except DatabaseError:
+        logger.exception("timeouts: sharing the limits among the shards failed; the parts stay as they were")
     published = 0
     for alias in aliases:
         try:

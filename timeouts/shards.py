@@ -45,6 +45,15 @@ def aliases() -> tuple[str, ...]:
     return tuple(get_settings().SHARDS)
 
 
+def position(alias: str) -> dict:
+    """Which of how many shards `alias` is, as the claim's parameters: it takes this shard's part of
+    each limit (limit_shares.py). A database that is not one of the shards counts as the only one."""
+    shards = aliases()
+    if alias not in shards:
+        return {"shard_index": 0, "shard_count": 1}
+    return {"shard_index": shards.index(alias), "shard_count": len(shards)}
+
+
 def shard_index(slot: int, count: int) -> int:
     """Which of `count` shards holds `slot`: the first holds the first SLOTS / count slots, and so on."""
     return slot * count // SLOTS

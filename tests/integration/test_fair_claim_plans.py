@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300),
 BACKLOG = 1_000_000
 DAY = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=40)
 PARTITION = f"timeouts_task_d{DAY:%Y%m%d}"
-PARAMS = {"limit": 500, "lead": 0.0, "max_dispatched": 10_000}
+ONE_SHARD = {"shard_index": 0, "shard_count": 1}
+PARAMS = {"limit": 500, "lead": 0.0, "max_dispatched": 10_000, **ONE_SHARD}
 
 
 @pytest.fixture
@@ -92,7 +93,8 @@ def test_the_fair_claim_reads_what_it_claims_whatever_the_backlog(skewed_backlog
         assert plan["Plan"]["Actual Rows"] == 300
         assert rows_read(plan["Plan"]) < 5 * 500, json.dumps(plan, indent=1)
         assert plan["Plan"]["Total Cost"] < jit_above_cost
-        plan, _ = explain(queries.QUERIES["claimable_deadline"], {"concurrency_poll": 0.15}, generic=generic)
+        plan, _ = explain(queries.QUERIES["claimable_deadline"], {"concurrency_poll": 0.15, **ONE_SHARD},
+                          generic=generic)
         assert rows_read(plan["Plan"]) < 100, json.dumps(plan, indent=1)
 
 

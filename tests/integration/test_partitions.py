@@ -31,6 +31,8 @@ database = pytest.mark.django_db(transaction=True)
 Status = TimeoutTask.Status
 PENDING, DISPATCHED, DONE, CANCELLED, RUNNING, DEAD = (
     Status.PENDING, Status.DISPATCHED, Status.DONE, Status.CANCELLED, Status.RUNNING, Status.DEAD)
+# The claim's parameters, on the only shard.
+CLAIM_PARAMS = {"limit": 500, "lead": 0, "max_dispatched": 10_000, "shard_index": 0, "shard_count": 1}
 
 
 def settings(**given):
@@ -343,7 +345,7 @@ class Claimer(threading.Thread):
                 conn.execute("SET statement_timeout = '10s'")
                 while not self.stop.is_set():
                     started = time.monotonic()
-                    conn.execute(QUERIES["claim_due"], {"limit": 500, "lead": 0, "max_dispatched": 10_000}).fetchall()
+                    conn.execute(QUERIES["claim_due"], CLAIM_PARAMS).fetchall()
                     self.durations.append(time.monotonic() - started)
                     time.sleep(0.02)
         except Exception as exc:  # reported by the test
@@ -361,7 +363,7 @@ def test_maintenance_gives_way_to_an_open_claim(default_row_locked):
         move_to(parked, CANCELLED)  # the open claim will not lock it
     claimer = Claimer()
     with other_connection(autocommit=False) as holder, settings(PARTITIONS_AHEAD=16):
-        claimed = holder.execute(QUERIES["claim_due"], {"limit": 500, "lead": 0, "max_dispatched": 10_000}).fetchall()
+        claimed = holder.execute(QUERIES["claim_due"], CLAIM_PARAMS).fetchall()
         assert {row[0] for row in claimed} == {today_task.job_id} | ({parked.job_id} if default_row_locked else set())
         claimer.start()
         try:
@@ -404,7 +406,7 @@ def test_claim_query_prunes_future_partitions_and_uses_the_due_index():
         cursor.execute("ANALYZE timeouts_task")
         cursor.execute("BEGIN")
         cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + QUERIES["claim_due"],
-                       {"limit": 500, "lead": 0, "max_dispatched": 10_000})
+                       CLAIM_PARAMS)
         [plan] = cursor.fetchone()[0]
         cursor.execute("ROLLBACK")
         cursor.execute("SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "

@@ -132,3 +132,46 @@ def test_durable_calls_and_django_tasks_run_once_from_their_shards(worker, start
         assert row.status == Status.DONE
     assert [django_tasks.add.get_result(r.id).return_value for r in results] == [n + 1 for n in range(12)]
     django_tasks.close()
+
+
+def in_flight_everywhere(biz_type) -> int:
+    """Tasks of `biz_type` claimed or running on all the shards together, each read at once."""
+    total = 0
+    for alias in ALIASES:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM timeouts_task WHERE biz_type = %s AND status IN (%s, %s)",
+                           [biz_type, Status.DISPATCHED, Status.RUNNING])
+            total += cursor.fetchone()[0]
+    return total
+
+
+@pytest.mark.timeout(180)
+def test_a_concurrency_limit_holds_across_the_shards_together(broker, starts):
+    from project.celery import app
+
+    timeouts.set_limits("test.slow", concurrency=2)
+    # test.slow sleeps on its first attempt: 1 s here. Three on each shard, due together; the
+    # even parts of 2 over 3 shards leave the first shard none until the scan shares them out.
+    at = datetime.now(UTC) + timedelta(seconds=1.5)
+    made = []
+    for n in itertools.count():
+        biz_id = f"slow-{n}"
+        if sum(shards.place("test.slow", key).alias == shards.place("test.slow", biz_id).alias for key in made) < 3:
+            made.append(biz_id)
+        if len(made) == 9:
+            break
+    TimeoutTask.objects.bulk_schedule([{"biz_type": "test.slow", "biz_id": biz_id, "attribute": {"sleep": 1.0},
+                                        "at": at} for biz_id in made])
+    worker = processes.celery_worker(env=processes.django_env(), name="worker-shard-limits", concurrency=4)
+    most = 0
+    try:
+        with processes.scanning(0.5), dispatcher(reaching=ALIASES):
+            processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the worker")
+            deadline = time.monotonic() + 60
+            while starts.count() < 9 and time.monotonic() < deadline:
+                most = max(most, in_flight_everywhere("test.slow"))
+                time.sleep(0.01)
+    finally:
+        processes.stop(worker)
+    assert starts.count() == 9, "every task started once"
+    assert most == 2, "never more than the limit at once, on all the shards together"

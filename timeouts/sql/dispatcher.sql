@@ -21,7 +21,15 @@ SELECT extract(epoch FROM (SELECT min(run_at) FROM timeouts_task WHERE status = 
 -- oldest of each, are stepped through as in claim_due (one probe per partition each).
 WITH RECURSIVE
 held AS MATERIALIZED (
-    SELECT l.biz_type, l.paused, l.tokens, l.refilled_at, f.rate_limit, f.concurrency
+    SELECT l.biz_type, l.paused, l.tokens, l.refilled_at,
+           -- this shard's part of them, as claim_due reads it
+           f.rate_limit * CASE WHEN %(shard_count)s::integer = 1 THEN 1
+                               ELSE coalesce(l.rate_share, 1.0 / %(shard_count)s::integer) END AS rate_limit,
+           CASE WHEN %(shard_count)s::integer = 1 THEN f.concurrency
+                WHEN l.concurrency_share IS NOT NULL THEN floor(f.concurrency * l.concurrency_share + 1e-9)::integer
+                ELSE f.concurrency * (%(shard_index)s::integer + 1) / %(shard_count)s::integer
+                     - f.concurrency * %(shard_index)s::integer / %(shard_count)s::integer
+           END AS concurrency
     FROM timeouts_limits AS l,
          LATERAL (SELECT CASE WHEN l.overridden THEN l.rate_limit ELSE l.declared_rate_limit END AS rate_limit,
                          CASE WHEN l.overridden THEN l.concurrency ELSE l.declared_concurrency END AS concurrency) AS f

@@ -176,12 +176,21 @@ due_types AS (
 -- claim of a limited biz_type updates its row (`spent`), so a row whose version changed since
 -- the snapshot (`current` false) was claimed from after this snapshot, whose counts of running
 -- tasks are then stale: that biz_type is left alone too. So claims of a limited biz_type follow
--- one another, each seeing every claim before it, however many claimers run.
+-- one another, each seeing every claim before it, however many claimers run. On one of several
+-- shards, this shard's part of each limit (sql/0006_limit_shares.sql): the claims of every shard
+-- together stay within the deployment's limit.
 seen AS MATERIALIZED (
     SELECT l.biz_type, l.xmin AS version, l.paused,
-           CASE WHEN l.overridden THEN l.rate_limit ELSE l.declared_rate_limit END AS rate_limit,
-           CASE WHEN l.overridden THEN l.concurrency ELSE l.declared_concurrency END AS concurrency
-    FROM timeouts_limits AS l JOIN due_types USING (biz_type)
+           f.rate_limit * CASE WHEN %(shard_count)s::integer = 1 THEN 1
+                               ELSE coalesce(l.rate_share, 1.0 / %(shard_count)s::integer) END AS rate_limit,
+           CASE WHEN %(shard_count)s::integer = 1 THEN f.concurrency
+                WHEN l.concurrency_share IS NOT NULL THEN floor(f.concurrency * l.concurrency_share + 1e-9)::integer
+                ELSE f.concurrency * (%(shard_index)s::integer + 1) / %(shard_count)s::integer
+                     - f.concurrency * %(shard_index)s::integer / %(shard_count)s::integer
+           END AS concurrency
+    FROM timeouts_limits AS l JOIN due_types USING (biz_type),
+         LATERAL (SELECT CASE WHEN l.overridden THEN l.rate_limit ELSE l.declared_rate_limit END AS rate_limit,
+                         CASE WHEN l.overridden THEN l.concurrency ELSE l.declared_concurrency END AS concurrency) AS f
 ),
 limited AS (
     SELECT * FROM seen WHERE paused OR rate_limit IS NOT NULL OR concurrency IS NOT NULL

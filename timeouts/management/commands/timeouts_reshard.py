@@ -39,3 +39,4 @@ class Command(BaseCommand):
         if not dry_run:
             resharding.copy_limits(old[0], [alias for alias in new if alias not in old])
             resharding.raise_sequences(new)
+            resharding.clear_limit_shares(new)
