@@ -9,8 +9,9 @@ DURABLE_SCENARIOS = ("durable_spread", "durable_memory", "durable_restart", "dur
 TASKS_SCENARIOS = ("tasks_spread", "tasks_drain", "tasks_enqueue")
 # Business isolation: a neighbour's backlog, a rate limit, fair claiming's cost (benchmarks/isolation.py).
 ISOLATION_SCENARIOS = ("isolation_neighbour", "isolation_rate", "isolation_cost")
-# Shards: throughput and CPU cost over 1-4 shards, an outage, idle cost, one shard's overhead (benchmarks/shards.py).
-SHARDS_SCENARIOS = ("shards_drain", "shards_outage", "shards_idle", "shards_overhead")
+# Shards: throughput and CPU cost over 1-4 shards, an outage, idle cost, one shard's overhead, a rate limit across
+# shards (benchmarks/shards.py).
+SHARDS_SCENARIOS = ("shards_drain", "shards_outage", "shards_idle", "shards_overhead", "shards_rate")
 KNOWN_SCENARIOS = SCENARIOS + DURABLE_SCENARIOS + TASKS_SCENARIOS + ISOLATION_SCENARIOS + SHARDS_SCENARIOS
 PATHS = ("scan", "dispatcher", "celery")  # celery = the same no-op body published directly
 PATH_LABELS = {"scan": "scan only", "dispatcher": "dispatcher", "celery": "celery direct"}

@@ -5,16 +5,19 @@
     shards_outage    three clusters, one stopped: the lateness of the others' tasks (shard_load.py)
     shards_idle      one idle dispatcher on 1, 2 and 4 shards: queries/s and CPU (shard_costs.py)
     shards_overhead  one shard, the working tree against the code before shards (shard_costs.py)
+    shards_rate      one biz_type's rate limit over three shards, its tasks spread or on one shard
+                     (shard_limits.py)
 
 The machine's cores cap the total throughput: with the dispatcher, the worker and PostgreSQL on
 the same two cores, more shards cannot give more tasks per second, so tasks per CPU-second (over
 the dispatcher's, the worker's and the PostgreSQL backends' CPU time) say what a shard costs.
 """
 
-from . import shard_costs, shard_load
+from . import shard_costs, shard_limits, shard_load
+from .handlers import LIMITED_RATE
 from .pairs import median_ratio, ratios_of
 
-SCENARIOS = ("shards_drain", "shards_outage", "shards_idle", "shards_overhead")
+SCENARIOS = ("shards_drain", "shards_outage", "shards_idle", "shards_overhead", "shards_rate")
 COUNTS = shard_load.COUNTS
 DRAIN_VARIANTS = tuple(f"{where}_{k}" for where in ("server", "clusters") for k in COUNTS)
 BASELINE = "server_1"  # shards_drain: one shard on the bench's server, as deployed today
@@ -26,6 +29,7 @@ LABELS = {
     "all_up": "3 clusters up", "one_stopped": "1 of 3 clusters stopped",
     **{f"shards_{k}": f"{k} shard{'s' if k > 1 else ''}" for k in COUNTS},
     "sharded": "working tree, SHARDS=['default']", "before_shards": "the commit before shards",
+    "even": "spread over the 3 shards", "skewed": "all on one of the 3 shards",
 }
 METRICS = {
     "shards_drain": ("claim_per_s", "publish_per_cpu_s", "publish_cpu_s", "start_per_s", "drain_per_cpu_s",
@@ -36,6 +40,8 @@ METRICS = {
     "shards_idle": ("idle_qps", "per_shard_qps", "idle_cpu_pct", "per_shard_cpu_pct", "idle_round_trips_per_s",
                     "idle_xacts_per_s", "rss_mb", "cpu_steal_pct"),
     "shards_overhead": ("claim_per_s", "start_per_s", "missing", "duplicates", "early", "cpu_steal_pct"),
+    "shards_rate": ("start_span_s", "start_per_s", "max_per_1s", "n", "missing", "duplicates", "early",
+                    "cpu_steal_pct"),
 }
 HEADERS = {
     "shards_drain": ["claim+publish/s", "tasks/CPU-s", "CPU s", "starts/s", "tasks/CPU-s", "CPU s",
@@ -45,6 +51,7 @@ HEADERS = {
                       "early", "steal %"],
     "shards_idle": ["queries/s", "per shard", "CPU %", "per shard", "round trips/s", "xacts/s", "RSS MB", "steal %"],
     "shards_overhead": ["claim+publish/s", "starts/s", "missing", "dup", "early", "steal %"],
+    "shards_rate": ["starts span s", "starts/s", "most in 1 s", "tasks", "missing", "dup", "early", "steal %"],
 }
 TITLES = {
     "shards_drain": ("{n_shards_drain:,} tasks due at once over the shards: without a worker (claim+publish/s, its "
@@ -55,11 +62,13 @@ TITLES = {
     "shards_idle": "Idle dispatcher on 1, 2 and 4 shards ({n_idle:,} tasks due in 1 h, {idle_seconds:.0f} s window)",
     "shards_overhead": ("publish and drain of {n_drain:,} tasks on one database: the working tree against the "
                         "code before shards (commit in the JSON)"),
+    "shards_rate": ("{n_rate:,} tasks of a biz_type with rate_limit=" + str(LIMITED_RATE) + " due at once, over 3 "
+                    "shards (one server): the starts of all the shards together"),
 }
 
 def run(ctx, scenario, rep) -> dict:
     return {"shards_drain": shard_load.drain, "shards_outage": shard_load.outage, "shards_idle": shard_costs.idle_cost,
-            "shards_overhead": shard_costs.overhead}[scenario](ctx, rep)
+            "shards_overhead": shard_costs.overhead, "shards_rate": shard_limits.rate}[scenario](ctx, rep)
 
 
 def ratios(runs) -> dict:
@@ -79,9 +88,13 @@ def targets(summary, ratio_table) -> list:
     def ratio(scenario, pair, metric):
         return median_ratio(ratio_table, scenario, pair, metric)
 
-    def worst(scenario, variants, metrics):
+    def worst(scenario, variants, metrics, key="max", combine=sum):
         values = [summary.get(scenario, {}).get(v, {}).get(m) for v in variants for m in metrics]
-        return None if any(v is None for v in values) else sum(v["max"] for v in values)
+        return None if any(v is None for v in values) else combine(v[key] for v in values)
+
+    def median(scenario, variant, metric):
+        value = summary.get(scenario, {}).get(variant, {}).get(metric)
+        return None if value is None else value["median"]
 
     top = max(COUNTS)
     correct = ("missing", "duplicates", "early")
@@ -100,4 +113,13 @@ def targets(summary, ratio_table) -> list:
          ratio("shards_idle", f"shards_{top}/shards_1", "per_shard_qps"), lambda v: v <= 1.5),
         ("shards_idle", f"shards_idle: CPU per shard, {top} shards / 1 shard <= 1.5",
          ratio("shards_idle", f"shards_{top}/shards_1", "per_shard_cpu_pct"), lambda v: v <= 1.5),
+        ("shards_rate", f"shards_rate: no 1 s window with more than {1.1 * LIMITED_RATE:.0f} starts on all the shards "
+         "together (every run, both variants)",
+         worst("shards_rate", shard_limits.VARIANTS, ("max_per_1s",), combine=max), lambda v: v <= 1.1 * LIMITED_RATE),
+        ("shards_rate", "shards_rate: spread over the shards, the starts take >= 9.5 s (median)",
+         median("shards_rate", "even", "start_span_s"), lambda v: v >= 9.5),
+        ("shards_rate", f"shards_rate: all on one shard, >= {0.6 * LIMITED_RATE:.0f} starts/s (the parts follow the "
+         "tasks; median)", median("shards_rate", "skewed", "start_per_s"), lambda v: v >= 0.6 * LIMITED_RATE),
+        ("shards_rate", "shards_rate: missing + duplicates + early = 0 (every run)",
+         worst("shards_rate", shard_limits.VARIANTS, correct), lambda v: v == 0),
     ]

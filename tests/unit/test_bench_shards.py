@@ -98,6 +98,9 @@ def runs_of_one_repeat(rep, *, overhead=0.97, outage=1.2):
               "n": 1300, "missing": 0, "duplicates": 0, "early": 0}]
     runs += [{"scenario": "shards_idle", "path": f"shards_{k}", "rep": rep, "idle_qps": 0.1 * k, "per_shard_qps": 0.1,
               "idle_cpu_pct": 0.2 + 0.05 * k, "per_shard_cpu_pct": (0.2 + 0.05 * k) / k} for k in (1, 2, 4)]
+    runs += [{"scenario": "shards_rate", "path": variant, "rep": rep, "start_span_s": span, "start_per_s": 2000 / span,
+              "max_per_1s": most, "n": 2000, "missing": 0, "duplicates": 0, "early": 0}
+             for variant, span, most in (("even", 9.9, 205), ("skewed", 14.0, 190 + 20 * rep))]
     return runs
 
 
@@ -114,7 +117,12 @@ def test_the_shard_scenarios_have_their_ratios_targets_and_tables():
     assert checks["shards_outage: live shards' p99, one cluster stopped / all up <= 1.5"] is True
     assert checks["shards_idle: CPU per shard, 4 shards / 1 shard <= 1.5"] is True
     assert checks["shards_drain: missing + duplicates + early = 0 (every run, every variant)"] is True
+    assert checks["shards_rate: spread over the shards, the starts take >= 9.5 s (median)"] is True
+    assert checks["shards_rate: all on one shard, >= 120 starts/s (the parts follow the tasks; median)"] is True
+    # The most in one second is the worst of every run: 210 in the second repeat.
+    window = "shards_rate: no 1 s window with more than 220 starts on all the shards together (every run, both variants)"
+    assert targets[window] == 210 and checks[window] is True
     result = {"summary": summary, "config": BenchConfig().public(), "ratios": ratios, "peers_summary": {},
               "targets": []}
     titles = [title for title, _, _ in report.sections(result)]
-    assert sum(title.startswith("shards_") for title in titles) == 4
+    assert sum(title.startswith("shards_") for title in titles) == 5
