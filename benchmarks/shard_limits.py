@@ -17,9 +17,9 @@ from .handlers import LIMITED, LIMITED_RATE
 from .isolation import max_in_window
 from .processes import Processes, flush_broker
 from .progress import Progress
-from .shard_load import _listening, _probe, guarded, keys_on, on_shard, shard_of
+from .shard_load import guarded, keys_on, on_shard, serve, shard_of
 from .shard_servers import ShardSet
-from .workload import db_now, wait_until, warm_worker
+from .workload import db_now, wait_until
 
 SHARDS = 3
 SKEWED_ON = 1  # the one shard of the "skewed" variant
@@ -60,12 +60,7 @@ def _rate_one(ctx, shard_set, variant, rep) -> dict:
     procs = Processes(env=shard_set.env(k), cwd=ctx.cwd, log_dir=ctx.log_dir,
                       label=f"shards_rate/{variant}/rep{rep + 1}")
     try:
-        procs.worker(app=cfg.celery_app, concurrency=cfg.concurrency)
-        warm_worker(ctx.app, shard_set.conns[0], count=2 * cfg.concurrency, check=procs.check)
-        procs.dispatcher(cfg.dispatcher_args)
-        procs.scan_loop(interval=cfg.scan_interval)
-        _listening(shard_set, k, procs)
-        _probe(shard_set, k, procs)
+        serve(ctx, shard_set, k, procs, scan=True)
         due = db_now(shard_set.conns[0]) + timedelta(seconds=cfg.lead)
         for i, keys in sorted(_keys(variant, n).items()):
             on_shard(shard_set, i).bulk_schedule([{"biz_type": LIMITED, "biz_id": key, "at": due} for key in keys])

@@ -183,6 +183,18 @@ def _probe(shard_set, k, procs, count=2):
                            for conn in shard_set.conns[:k]), 60, procs.check, "the probe tasks on every shard")
 
 
+def serve(ctx, shard_set, k, procs, *, scan=False):
+    """A worker, a dispatcher over the first k shards and, if `scan`, the scan loop, all warmed up."""
+    cfg = ctx.cfg
+    procs.worker(app=cfg.celery_app, concurrency=cfg.concurrency)
+    warm_worker(ctx.app, shard_set.conns[0], count=2 * cfg.concurrency, check=procs.check)
+    procs.dispatcher(cfg.dispatcher_args)
+    if scan:
+        procs.scan_loop(interval=cfg.scan_interval)
+    _listening(shard_set, k, procs)
+    _probe(shard_set, k, procs)
+
+
 def _started(conn) -> int:
     return conn.execute("SELECT count(DISTINCT job_id) FROM timeouts_bench_start WHERE job_id >= 0").fetchone()[0]
 
@@ -255,11 +267,7 @@ def _outage_one(ctx, shard_set, variant, rep) -> dict:
     procs = Processes(env=shard_set.env(k), cwd=ctx.cwd, log_dir=ctx.log_dir,
                       label=f"shards_outage/{variant}/rep{rep + 1}")
     try:
-        procs.worker(app=cfg.celery_app, concurrency=cfg.concurrency)
-        warm_worker(ctx.app, shard_set.conns[0], count=2 * cfg.concurrency, check=procs.check)
-        procs.dispatcher(cfg.dispatcher_args)
-        _listening(shard_set, k, procs)
-        _probe(shard_set, k, procs)
+        serve(ctx, shard_set, k, procs)
         base = db_now(shard_set.conns[0]) + timedelta(seconds=cfg.lead)
         times = due_times("spread", n, base=base, window=cfg.window, seed=cfg.seed + rep)
         for key, at in enumerate(times):

@@ -160,7 +160,8 @@ def concurrency_parts(limit: int, in_flight: list[int], dues: list[int]) -> list
 
 
 def current_tasks(limit: int, share: float | None, index: int, count: int) -> int:
-    """A shard's concurrency part in tasks, as claim_due reads it: an even integer split when unset."""
+    """A shard's concurrency part in tasks, as the claims read it (timeouts_concurrency_part in
+    sql/0006_limit_shares.sql): an even integer split when unset."""
     if share is None:
         return limit * (index + 1) // count - limit * index // count
     return math.floor(limit * share + 1e-9)

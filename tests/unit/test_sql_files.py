@@ -35,8 +35,8 @@ MIGRATED = {
     "0004_task_results_reverse.sql": "90e27394f99495c48865f52ca0b67123424e6cb23cf99f1545f470519b4b8b0f",
     "0005_limits.sql": "5aab8ed185b3088801adb4759d5c079a82dbb1601ef4fe8978e59f5bfa0ccafd",
     "0005_limits_reverse.sql": "97bdcb154b1ba8e5063d4937ce5f316cc6c545e3e3111cfe9109a91d2a41b93d",
-    "0006_limit_shares.sql": "554a78cfa44cbad49eb44a5d53af251c5e4aecca51f06a1b63d84616e431e727",
-    "0006_limit_shares_reverse.sql": "2844751f63e4099fb18baa40fa8c8a635ea0b91160dce324957f4a85c6bb9a7d",
+    "0006_limit_shares.sql": "498552fd85e06856c2d3d0e121f0d9f3125da04c8d707afeaf39f17301482891",
+    "0006_limit_shares_reverse.sql": "ccd6dbea21fd8e7e619c16f4f3624c9dc7da5db93dcae4aa4437879ed77e7331",
 }
 
 

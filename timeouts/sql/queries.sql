@@ -181,13 +181,9 @@ due_types AS (
 -- together stay within the deployment's limit.
 seen AS MATERIALIZED (
     SELECT l.biz_type, l.xmin AS version, l.paused,
-           f.rate_limit * CASE WHEN %(shard_count)s::integer = 1 THEN 1
-                               ELSE coalesce(l.rate_share, 1.0 / %(shard_count)s::integer) END AS rate_limit,
-           CASE WHEN %(shard_count)s::integer = 1 THEN f.concurrency
-                WHEN l.concurrency_share IS NOT NULL THEN floor(f.concurrency * l.concurrency_share + 1e-9)::integer
-                ELSE f.concurrency * (%(shard_index)s::integer + 1) / %(shard_count)s::integer
-                     - f.concurrency * %(shard_index)s::integer / %(shard_count)s::integer
-           END AS concurrency
+           timeouts_rate_part(f.rate_limit, l.rate_share, %(shard_count)s::integer) AS rate_limit,
+           timeouts_concurrency_part(f.concurrency, l.concurrency_share, %(shard_index)s::integer,
+                                     %(shard_count)s::integer) AS concurrency
     FROM timeouts_limits AS l JOIN due_types USING (biz_type),
          LATERAL (SELECT CASE WHEN l.overridden THEN l.rate_limit ELSE l.declared_rate_limit END AS rate_limit,
                          CASE WHEN l.overridden THEN l.concurrency ELSE l.declared_concurrency END AS concurrency) AS f
