@@ -120,7 +120,8 @@ def test_the_shard_scenarios_have_their_ratios_targets_and_tables():
     assert checks["shards_rate: spread over the shards, the starts take >= 9.5 s (median)"] is True
     assert checks["shards_rate: all on one shard, >= 120 starts/s (the parts follow the tasks; median)"] is True
     # The most in one second is the worst of every run: 210 in the second repeat.
-    window = "shards_rate: no 1 s window with more than 220 starts on all the shards together (every run, both variants)"
+    window = ("shards_rate: no 1 s window with more than 220 starts on all the shards together "
+              "(every run, both variants)")
     assert targets[window] == 210 and checks[window] is True
     result = {"summary": summary, "config": BenchConfig().public(), "ratios": ratios, "peers_summary": {},
               "targets": []}
