@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -45,6 +46,9 @@ def spawn(args, *, env, log_name) -> subprocess.Popen:
         return subprocess.Popen(args, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+# The file a worker creates once it consumes (tests/testapp/tasks.py, on Celery's worker_ready).
+READY_FILE = "TIMEOUTS_TEST_WORKER_READY"
+
 # What a worker of the test project consumes: the default queue, the queue timeouts.celery.setup()
 # routes the beat tasks (timeouts.scan, timeouts.maintain) to, and the queue of tests/testapp's
 # "test.queued" handler.
@@ -52,10 +56,14 @@ WORKER_QUEUES = ("celery", BEAT_QUEUE, "timeouts-test-other")
 
 
 def celery_worker(*, env, name="worker", concurrency=2, queues=WORKER_QUEUES, pool="prefork"):
+    """A worker process; wait_for_worker() waits until it consumes."""
     args = [sys.executable, "-m", "celery", "-A", "project", "worker", "-P", pool, "-c", str(concurrency),
             "-Q", ",".join(queues), "-n", f"{name}@%h", "--without-gossip", "--without-mingle",
             "--without-heartbeat", "-l", "warning"]
-    return spawn(args, env=env, log_name=name)
+    ready = Path(tempfile.mkdtemp(prefix="worker-ready-")) / "ready"
+    process = spawn(args, env={**env, READY_FILE: str(ready)}, log_name=name)
+    process.ready_file = ready
+    return process
 
 
 def stop(process: subprocess.Popen, timeout=10.0):
@@ -71,6 +79,13 @@ def wait_for(predicate, timeout, interval=0.05, message="condition"):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+
+
+def wait_for_worker(process, message="the Celery worker", timeout=30):
+    """Until the worker `process` consumes from the broker: tests/testapp's worker_ready receiver
+    creates its READY_FILE (at once, where a ping's answer would take up to half a second)."""
+    wait_for(lambda: process.ready_file.exists() or process.poll() is not None, timeout, message=message)
+    assert process.poll() is None, f"{message} exited with {process.returncode}"
 
 
 @contextmanager

@@ -46,12 +46,10 @@ def env(clusters):
 
 @pytest.fixture
 def worker(env, broker):
-    from project.celery import app
-
     broker.flushdb()
     process = processes.celery_worker(env=env, name="worker-shards", concurrency=4)
     try:
-        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
+        processes.wait_for_worker(process)
         yield process
     finally:
         processes.stop(process)

@@ -11,12 +11,10 @@ from tests import processes
 @pytest.fixture
 def worker(transactional_db, broker):
     """A real Celery worker (prefork, 2 processes) on the test database and broker."""
-    from project.celery import app
-
     broker.flushdb()
     process = processes.celery_worker(env=processes.django_env())
     try:
-        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
+        processes.wait_for_worker(process)
         yield process
     finally:
         processes.stop(process)

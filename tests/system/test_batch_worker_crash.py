@@ -29,15 +29,13 @@ def test_a_worker_that_dies_inside_a_batch_gets_it_again_and_runs_the_rest_once(
     """acks_late + reject_on_worker_lost: the batch is delivered again; the tasks that finished or
     started are dropped by their compare-and-set, the rest run. (The task whose process died waits
     out its lease, as a single message's would: see test_celery.)"""
-    from project.celery import app
-
     broker.flushdb()
     # One pool process, which exits right after its third compare-and-set; its replacement
     # counts from zero.
     env = processes.django_env(TIMEOUTS_FAULTS="run.after_start=exit#3")
     worker = processes.celery_worker(env=env, name="worker-batch-crash", concurrency=1)
     try:
-        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
+        processes.wait_for_worker(worker)
         tasks = schedule_due("test.record", 5)
         publish(claim_due(10))  # one timeouts.run_batch message (RUN_BATCH_SIZE is 20)
         # The third task's compare-and-set committed, then its process died before the handler.

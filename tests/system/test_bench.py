@@ -13,6 +13,8 @@ from django.core.management import get_commands
 
 from tests.processes import ROOT
 
+# The bench is a development tool: its runs (one_leg) are checked under one Django. Not the Django
+# tasks backend's, whose code differs between Django's versions.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 LATENESS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "early", "start_per_s")
@@ -33,6 +35,7 @@ def run_bench(tmp_path, *args, timeout=220):
     return json.loads(out.read_text()), done.stdout
 
 
+@pytest.mark.one_leg
 def test_tiny_run_writes_json_with_every_field_and_loses_nothing(tmp_path):
     dispatcher = "timeouts_dispatcher" in get_commands()
     paths = ["scan", "celery"] + (["dispatcher"] if dispatcher else [])
@@ -72,6 +75,7 @@ def test_tiny_run_writes_json_with_every_field_and_loses_nothing(tmp_path):
         assert result["ratios"]["spread"]["scan/dispatcher"]["p50_ms"]["median"] > 0
 
 
+@pytest.mark.one_leg
 @pytest.mark.timeout(400)
 def test_durable_task_against_celery_eta_tiny_run(tmp_path):
     result, stdout = run_bench(
@@ -132,6 +136,7 @@ def test_django_tasks_backend_tiny_run(tmp_path):
     assert "TimeoutsBackend" in stdout
 
 
+@pytest.mark.one_leg
 @pytest.mark.timeout(300)
 def test_business_isolation_tiny_run(tmp_path):
     result, stdout = run_bench(
@@ -153,6 +158,7 @@ def test_business_isolation_tiny_run(tmp_path):
     assert "isolation_neighbour" in stdout
 
 
+@pytest.mark.one_leg
 @pytest.mark.timeout(200)
 def test_rate_limit_tiny_run(tmp_path):
     result, _ = run_bench(tmp_path, "--scenarios", "isolation_rate", "--repeat", "1", "--n", "300", "--lead", "2",

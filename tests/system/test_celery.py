@@ -129,12 +129,10 @@ def test_a_worker_whose_database_session_dies_after_the_handler_still_records_do
     """The handler ran; before DONE is written the worker's session is terminated (a failover, a
     restart, an idle-session killer). The worker reconnects and writes DONE, instead of leaving the
     task RUNNING until its lease runs out and running the handler again."""
-    from project.celery import app
-
     env = processes.django_env(TIMEOUTS_FAULTS="run.before_done=sleep:2")
     worker = processes.celery_worker(env=env, name="worker-session-killed")
     try:
-        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
+        processes.wait_for_worker(worker)
         task = TimeoutTask.objects.schedule("test.record", "session", delay=0)
         scan_until(lambda: starts.count() == 1, 30, "the handler to start")
         with connection.cursor() as cursor:  # every other session on the test database, the worker's too

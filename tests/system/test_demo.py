@@ -120,6 +120,7 @@ def _alive(pid):
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
+@pytest.mark.one_leg  # the broker's fallbacks: the plain smoke test covers each Django
 @pytest.mark.parametrize("fallback", ["valkey", "filesystem"])
 def test_demo_smoke_without_redis(smoke_database, tmp_path, fallback):
     """No Redis answers: bin/demo brings its own broker (an embedded Valkey, else kombu's filesystem

@@ -243,8 +243,6 @@ def _collect_scans(node, scans):
 
 @pytest.mark.timeout(90)
 def test_inside_a_worker_the_dispatcher_is_one_thread_of_the_main_process(broker, starts, tmp_path):
-    from project.celery import app
-
     # A settings module that turns the option on. It also imports the signal hook itself, which
     # TimeoutsConfig.ready() is meant to do (harmless twice: the receivers have dispatch_uids).
     (tmp_path / "in_worker_settings.py").write_text(
@@ -257,7 +255,7 @@ def test_inside_a_worker_the_dispatcher_is_one_thread_of_the_main_process(broker
     broker.flushdb()
     worker = processes.celery_worker(env=env, name="worker-with-dispatcher")
     try:
-        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
+        processes.wait_for_worker(worker)
         [backend] = processes.wait_for(dispatcher_backends, 30, message="the in-worker dispatcher")
         task = schedule("in-worker", delay=0.3)
         processes.wait_for(lambda: starts.count() == 1, 10, message="the task to start")

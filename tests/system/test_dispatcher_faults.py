@@ -114,15 +114,13 @@ def published_job_ids(broker) -> set[int]:
 
 @pytest.mark.timeout(240)
 def test_a_database_restart_ends_with_the_dispatcher_reconnected_and_tasks_starting(broker, throwaway_database):
-    from project.celery import app
-
     url, restart = throwaway_database
     env = processes.django_env(DATABASE_URL=url, TIMEOUTS_LOG_LEVEL="DEBUG")
     broker.flushdb()
     # One pool process, so the warm-up below certainly reaches the one whose connections died.
     worker = processes.celery_worker(env=env, name="worker-restart", concurrency=1)
     try:
-        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
+        processes.wait_for_worker(worker)
         with dispatcher_process("dispatcher-restart", env=env, backends=lambda: _backends(url)):
             assert _run_one(url, "before-restart") < ON_TIME
             [old] = _backends(url)

@@ -182,7 +182,7 @@ def test_a_kept_result_is_returned_by_async_result_get(transactional_db, broker,
                                      name="worker-results")
     backend = RedisBackend(app=app, url=app.conf.broker_url)
     try:
-        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
+        processes.wait_for_worker(worker)
         result = tasks.add.apply_async((2, 3), countdown=0.5)
         scan_until(settled, 30, "the call")
         assert AsyncResult(result.id, backend=backend, app=app).get(timeout=10) == 5
@@ -275,8 +275,6 @@ def test_a_rejected_call_ends_dead_with_the_reason(worker, runs):
 def test_a_call_that_expires_on_its_way_to_the_worker_ends_cancelled(transactional_db, broker, runs):
     """Published in time, it reaches a worker after its `expires` (no worker was up): Celery discards
     it; its claim's lease runs out, and the next claim finds it expired instead of publishing it again."""
-    from project.celery import app
-
     broker.flushdb()
     tasks.record.apply_async(("late",), countdown=0.2, expires=1)
     time.sleep(0.3)
@@ -285,7 +283,7 @@ def test_a_call_that_expires_on_its_way_to_the_worker_ends_cancelled(transaction
     time.sleep(1)
     worker = processes.celery_worker(env=processes.django_env(), name="worker-late")
     try:
-        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
+        processes.wait_for_worker(worker)
         scan_until(settled, 30, "the call's lease (5 s) to run out and the call to be found expired")
     finally:
         processes.stop(worker)

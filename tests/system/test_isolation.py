@@ -65,7 +65,6 @@ def count(biz_type, status):
 @pytest.mark.timeout(180)
 def test_a_concurrency_limit_holds_across_dispatchers_and_workers_and_a_killed_worker_s_slots_come_back(
         broker, starts):
-    from project.celery import app
 
     timeouts.set_limits("test.slow", concurrency=2)
     # test.slow sleeps on its first attempt, returns on the next; its TTR is 3 s. Due 0.2 s apart,
@@ -80,7 +79,7 @@ def test_a_concurrency_limit_holds_across_dispatchers_and_workers_and_a_killed_w
     try:
         with InFlight("test.slow") as in_flight, processes.scanning(0.5), \
                 dispatcher_process("dispatcher-isolation-1"), dispatcher_process("dispatcher-isolation-2"):
-            processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the first worker")
+            processes.wait_for_worker(first, "the first worker")
             processes.wait_for(lambda: count("test.slow", Status.RUNNING) == 2, 30, message="two handlers running")
             time.sleep(0.2)
             assert count("test.slow", Status.RUNNING) == 2  # three processes, two slots
@@ -142,12 +141,10 @@ def test_a_paused_biz_type_waits_without_delaying_the_others_and_catches_up_on_r
 def test_a_task_due_on_time_starts_ahead_of_a_backlog_waiting_in_the_broker(broker, starts):
     """A backlog's claims wait in the broker (up to MAX_DISPATCHED of them) for the workers; a task
     that falls due meanwhile is claimed on time, and its message passes them there."""
-    from project.celery import app
-
     schedule_due("test.slow", 3000, attribute={"sleep": 0.01})  # 30 s of work for one process
     worker = processes.celery_worker(env=processes.django_env(), name="worker-backlog", concurrency=1)
     try:
-        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the worker")
+        processes.wait_for_worker(worker, "the worker")
         with dispatcher_process("dispatcher-backlog"):
             processes.wait_for(lambda: count("test.slow", Status.DISPATCHED) >= 500, 30,
                                message="a backlog in the broker")

@@ -30,7 +30,7 @@ def test_a_prefork_workers_counts_add_up_across_its_processes(client, broker, st
 
     worker = processes.celery_worker(env=processes.django_env(PROMETHEUS_MULTIPROC_DIR=tmp_path), name="metrics-worker")
     try:
-        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
+        processes.wait_for_worker(worker)
         TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": i, "delay": -0.001}
                                            for i in range(8)])
         failing = due("test.fail")

@@ -39,13 +39,11 @@ def recorded():
 @pytest.fixture
 def worker_with_django_defaults(broker):
     """A real prefork worker (2 processes) whose settings are Django's and Celery's defaults."""
-    from project.celery import app
-
     broker.flushdb()
     process = processes.celery_worker(env=processes.django_env(DJANGO_SETTINGS_MODULE="tests.settings_defaults"),
                                       name="defaults-worker")
     try:
-        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
+        processes.wait_for_worker(process)
         yield process
     finally:
         processes.stop(process)

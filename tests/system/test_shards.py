@@ -147,8 +147,6 @@ def in_flight_everywhere(biz_type) -> int:
 
 @pytest.mark.timeout(180)
 def test_a_concurrency_limit_holds_across_the_shards_together(broker, starts):
-    from project.celery import app
-
     timeouts.set_limits("test.slow", concurrency=2)
     # test.slow sleeps on its first attempt: 1 s here. Three on each shard, due together; the
     # even parts of 2 over 3 shards leave the first shard none until the scan shares them out.
@@ -166,7 +164,7 @@ def test_a_concurrency_limit_holds_across_the_shards_together(broker, starts):
     most = 0
     try:
         with processes.scanning(0.5), dispatcher(reaching=ALIASES):
-            processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the worker")
+            processes.wait_for_worker(worker, "the worker")
             deadline = time.monotonic() + 60
             while starts.count() < 9 and time.monotonic() < deadline:
                 most = max(most, in_flight_everywhere("test.slow"))

@@ -58,12 +58,10 @@ def settled():
 def one_process_worker(transactional_db, broker):
     """A worker of one pool process: its starts follow one another, so their order is the order
     in which the tasks were handed over (two processes may overtake each other on a loaded machine)."""
-    from project.celery import app
-
     broker.flushdb()
     process = processes.celery_worker(env=processes.django_env(), name="tasks-backend-worker", concurrency=1)
     try:
-        processes.wait_for(lambda: app.control.ping(timeout=0.5), timeout=30, message="the Celery worker")
+        processes.wait_for_worker(process)
         yield process
     finally:
         processes.stop(process)

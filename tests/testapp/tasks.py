@@ -3,10 +3,13 @@ arguments, the queue it came from, the database clock) through the recorder's ow
 run leaves its trace whatever happens to the worker afterwards."""
 
 import json
+import os
 import time
+from pathlib import Path
 
 from celery import shared_task
 from celery.exceptions import Reject
+from celery.signals import worker_ready
 from psycopg.types.json import Jsonb
 
 from timeouts.celery import DurableTask
@@ -92,3 +95,11 @@ def longer_than_its_lease(self, seconds):
 def reject(self):
     record_call(self, [], {})
     raise Reject("rejecting on purpose", requeue=False)
+
+
+@worker_ready.connect
+def _say_ready(**_):
+    """A test waiting for this worker (tests.processes.wait_for_worker) learns that it consumes."""
+    path = os.environ.get("TIMEOUTS_TEST_WORKER_READY")  # tests.processes.READY_FILE
+    if path:
+        Path(path).touch()
