@@ -114,6 +114,10 @@ def _biz_type_lines(rows):
             own = ("none" if r["handler_rate_limit"] is None else f"{r['handler_rate_limit']:.15g}/s",
                    "none" if r["handler_concurrency"] is None else str(r["handler_concurrency"]))
             line += f"  (set_limits(); the handler's: rate_limit {own[0]}, concurrency {own[1]})"
+        if r.get("rate_part") is not None or r.get("concurrency_part") is not None:
+            part = [f"rate_limit {r['rate_part']:.4g}/s" if r.get("rate_part") is not None else None,
+                    f"concurrency {r['concurrency_part']}" if r.get("concurrency_part") is not None else None]
+            line += f"  (this shard's part: {', '.join(p for p in part if p)})"
         if r.get("limits_differ_on"):
             line += f"  (other limits on {', '.join(r['limits_differ_on'])}: see --database ALIAS)"
         lines.append(line)

@@ -113,7 +113,9 @@ def _merged_biz_types(reports) -> list[dict]:
         for row in data["biz_types"]:
             seen = merged.get(row["biz_type"])
             if seen is None:
-                merged[row["biz_type"]] = {**row, "sources": list(row["sources"])}
+                # A shard's part of the limits is its own: the totals show the whole.
+                merged[row["biz_type"]] = {**row, "sources": list(row["sources"]), "rate_part": None,
+                                           "concurrency_part": None}
                 continue
             seen["sources"] += [source for source in row["sources"] if source not in seen["sources"]]
             for key in ("overdue", "running"):

@@ -28,7 +28,7 @@ from django.core.exceptions import EmptyResultSet
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone
 
-from . import partitions, registry
+from . import partitions, registry, shards
 from .queries import QUERIES, fetch_dicts, fetch_one
 from .states import Status
 
@@ -239,8 +239,10 @@ def waiting_biz_types(*, limit=None, using=DEFAULT_DB_ALIAS) -> list[str]:
 
 def stored_limits(*, limit=None, using=DEFAULT_DB_ALIAS) -> dict[str, dict]:
     """The rows of the limits table (timeouts.isolation), by biz_type: `rate_limit` and
-    `concurrency` in force, the handler's `declared_*` ones, `overridden`, `paused`."""
-    rows = fetch_dicts("stored_limits", {"limit": limit or BIZ_TYPES_LIMIT}, using=connections[using])
+    `concurrency` in force, the handler's `declared_*` ones, `overridden`, `paused`, and the shard's
+    `rate_part` and `concurrency_part` of the limits (limit_shares.py)."""
+    rows = fetch_dicts("stored_limits", {"limit": limit or BIZ_TYPES_LIMIT, **shards.position(using)},
+                       using=connections[using])
     return {row["biz_type"]: row for row in rows}
 
 
@@ -254,6 +256,9 @@ class BizTypeLimits:
     handler_rate_limit: float | None  # what the handler declares (@timeouts.handler)
     handler_concurrency: int | None
     overridden: bool  # set_limits() replaced the handler's values
+    # With several shards, what this shard's claims may use of the limits (limit_shares.py).
+    rate_part: float | None = None
+    concurrency_part: int | None = None
 
 
 @dataclass(frozen=True)
@@ -297,8 +302,10 @@ def _limits(biz_type, row) -> BizTypeLimits:
         handler = registry.find_handler(biz_type)
         own = (None, None) if handler is None else (handler.rate_limit, handler.concurrency)
         return BizTypeLimits(*own, False, *own, False)
+    parted = len(shards.aliases()) > 1
     return BizTypeLimits(row["rate_limit"], row["concurrency"], row["paused"], row["declared_rate_limit"],
-                         row["declared_concurrency"], row["overridden"])
+                         row["declared_concurrency"], row["overridden"], row["rate_part"] if parted else None,
+                         row["concurrency_part"] if parted else None)
 
 
 @contextmanager

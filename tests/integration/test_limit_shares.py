@@ -3,9 +3,12 @@ shards together stay within them; the parts start even and follow the due tasks 
 shared them out, never lowering a shard's part below what it runs, never adding up to more than the
 whole."""
 
+import io
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.core.management import call_command
 from django.db import connections
 
 import timeouts
@@ -163,3 +166,21 @@ def test_with_one_shard_the_whole_limit_is_claimed(settings):
     due_on("default", 6)
     assert limit_shares.share_limits() == 0
     assert claimed_on("default") == 4
+
+
+def test_each_shards_report_shows_its_part_and_the_totals_the_whole():
+    timeouts.set_limits(BIZ_TYPE, rate_limit=300, concurrency=4)
+    due_on("shard_b", 10)
+    limit_shares.share_limits()
+    out = io.StringIO()
+    call_command("timeouts_stats", "--json", "--database", "shard_b", stdout=out)
+    [row] = [row for row in json.loads(out.getvalue())["biz_types"] if row["biz_type"] == BIZ_TYPE]
+    assert (row["rate_limit"], row["concurrency"]) == (300, 4)
+    assert (row["rate_part"], row["concurrency_part"]) == (pytest.approx(300 * (0.1 / 3 + 0.9)), 4)
+    out = io.StringIO()
+    call_command("timeouts_stats", "--database", "shard_c", stdout=out)
+    assert "(this shard's part: rate_limit 10/s, concurrency 0)" in out.getvalue()
+    out = io.StringIO()
+    call_command("timeouts_stats", "--json", stdout=out)
+    [row] = [row for row in json.loads(out.getvalue())["biz_types"] if row["biz_type"] == BIZ_TYPE]
+    assert (row["rate_limit"], row["concurrency"], row["rate_part"], row["concurrency_part"]) == (300, 4, None, None)

@@ -214,10 +214,14 @@ GROUP BY s.bucket;
 
 -- name: stored_limits
 -- The limits and pauses stored per biz_type (timeouts.limits; one small row each): in force, the
--- override when there is one, else what the handler declares.
-SELECT biz_type, declared_rate_limit, declared_concurrency, overridden, paused,
-       CASE WHEN overridden THEN rate_limit ELSE declared_rate_limit END AS rate_limit,
-       CASE WHEN overridden THEN concurrency ELSE declared_concurrency END AS concurrency
-FROM timeouts_limits
-ORDER BY biz_type
+-- override when there is one, else what the handler declares; and this shard's part of them, as
+-- its claims read it (sql/0006_limit_shares.sql).
+SELECT l.biz_type, l.declared_rate_limit, l.declared_concurrency, l.overridden, l.paused, f.rate_limit, f.concurrency,
+       timeouts_rate_part(f.rate_limit, l.rate_share, %(shard_count)s::integer) AS rate_part,
+       timeouts_concurrency_part(f.concurrency, l.concurrency_share, %(shard_index)s::integer,
+                                 %(shard_count)s::integer) AS concurrency_part
+FROM timeouts_limits AS l,
+     LATERAL (SELECT CASE WHEN l.overridden THEN l.rate_limit ELSE l.declared_rate_limit END AS rate_limit,
+                     CASE WHEN l.overridden THEN l.concurrency ELSE l.declared_concurrency END AS concurrency) AS f
+ORDER BY l.biz_type
 LIMIT %(limit)s;
