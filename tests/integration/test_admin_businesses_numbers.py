@@ -65,8 +65,9 @@ def test_timeouts_stats_lists_limits_pause_and_overdue(limited):
     rows = {row["biz_type"]: row for row in json.loads(out.getvalue())["biz_types"]}
     assert rows["test.fail"] | {"sources": None} == {
         "biz_type": "test.fail", "sources": None, "rate_limit": 10.0, "concurrency": None, "paused": False,
-        "handler_rate_limit": None, "handler_concurrency": None, "overridden": True, "overdue": 0,
-        "overdue_exact": True, "running": 0, "running_exact": True}
+        "handler_rate_limit": None, "handler_concurrency": None, "overridden": True,
+        "rate_part": None, "concurrency_part": None,  # one shard: the whole limit, no part
+        "overdue": 0, "overdue_exact": True, "running": 0, "running_exact": True}
 
 
 @override_settings(ROOT_URLCONF=__name__)
