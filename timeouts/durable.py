@@ -10,8 +10,9 @@ instead of a broker or a worker's memory (importable as `timeouts.celery.Durable
   `celery.*` tasks (chord_unlock polls with a countdown): Celery's apply_async, unchanged.
 - At its time the row is claimed and the task's own message published, with the row's fence. The
   worker starts the task only if the message still owns the row's current attempt (the
-  compare-and-set of `timeouts.run`): a message published twice runs once, and a cancel that
-  returned True wins. The row then records the outcome: DONE when the task returned, raised
+  compare-and-set of `timeouts.run`, which the worker's main process runs while a message claimed
+  ahead waits for its eta: call_starts.py): a message published twice runs once, and a cancel
+  that returned True wins. The row then records the outcome: DONE when the task returned, raised
   Retry (the retry is a call of its own, with the same task_id) or Ignore; DEAD with the reason
   when it raised Reject or anything else, or Celery killed it at its hard time limit (Celery
   records the FAILURE as usual; an operator may requeue the row). While the call runs, a thread
@@ -49,6 +50,9 @@ MAX_ERROR_LENGTH = 20_000
 
 class DurableTask(Task):
     """A Celery task whose not-yet-due eta/countdown calls are stored durably by timeouts."""
+
+    #: The worker starts a call received ahead of its eta while the message waits (call_starts.py).
+    Request = "timeouts.call_starts:StartingRequest"
 
     #: Seconds after which a started call whose worker stopped extending its lease (the worker
     #: died) counts as lost, and runs again. None: the call's hard time limit, if it has one,
@@ -132,18 +136,26 @@ def _not_yet_due(app, eta, countdown):
 def _run_fenced(task, fence, body, args, kwargs):
     """The worker's side: the compare-and-set start, the body, the outcome."""
     from . import events, own_connection, running
+    from .models import TimeoutTask
     from .publishing import ETA_HEADROOM
     from .queries import is_partition_name
 
     job_id, action_time, attempt, partition, *rest = fence
     shard = rest[0] if rest else DEFAULT_DB_ALIAS  # published before shards had a place in the fence
+    started_ahead = rest[1] if len(rest) > 1 else None  # by the worker's main process: call_starts.py
     key = {"job_id": job_id, "action_time": datetime.fromisoformat(action_time)}
     partition = partition if is_partition_name(partition) else None
-    with own_connection.used(shard):
-        # A call claimed ahead reaches its worker ETA_HEADROOM before its eta: its start is recorded
-        # then, and start() returns at the eta by the database clock, so the body starts on time
-        # instead of a durable commit later.
-        row = running.start(key, attempt, 0.0, partition, ahead=ETA_HEADROOM.total_seconds())
+    if started_ahead is not None:
+        row = TimeoutTask._from_row(started_ahead["row"], using=shard)
+        wait = started_ahead["not_before"] - time.monotonic()
+        if wait > 0:  # run_at by the database clock
+            time.sleep(wait)
+    else:
+        with own_connection.used(shard):
+            # Not started ahead (received late, or the main process's start did not answer in
+            # time): a call claimed ahead still reaches its pool process ETA_HEADROOM before its
+            # eta, its start is recorded then, and start() returns at the eta by the database clock.
+            row = running.start(key, attempt, 0.0, partition, ahead=ETA_HEADROOM.total_seconds())
     if row is None:
         logger.info("timeouts: dropped a stale message of %s[%s] (job %s attempt %s)",
                     task.name, task.request.id, job_id, attempt)

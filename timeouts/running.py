@@ -189,6 +189,13 @@ def start(key: dict, attempt: int, lease_extra: float = 0.0, partition: str | No
     return None
 
 
+def start_ahead(key: dict, attempt: int, partition: str | None, ahead: float):
+    """The compare-and-set start of a message received up to `ahead` seconds before run_at, without
+    waiting for run_at (call_starts.py): the row with database_now, or None if it is refused (stale,
+    cancelled, or due later than that)."""
+    return _compare_and_set({**key, "attempt": attempt, "lease_extra": 0.0, "ahead": ahead}, partition)
+
+
 def _compare_and_set(params, partition=None):
     """start_task, again on a new connection if the connection turns out to be broken: a worker
     checks its connection's health after each message, not before the next (tasks.py), so one that

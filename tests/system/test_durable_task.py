@@ -1,7 +1,6 @@
 """DurableTask end to end: real Celery worker processes, the real broker (Redis) and the safety
 scan run in the test process as beat would run it."""
 
-import json
 import os
 import signal
 import time
@@ -10,41 +9,17 @@ from datetime import UTC, datetime, timedelta
 import psutil
 import pytest
 from celery.result import AsyncResult
-from django.db import connection, transaction
+from django.db import transaction
 
 import timeouts.celery
 from tests import processes
 from tests.testapp import tasks
-from tests.testapp.tasks import CALLS_TABLE_SQL
 from timeouts.celery_calls import PREFIX
 from timeouts.models import TimeoutTask
 from timeouts.scan import scan
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-@pytest.fixture
-def runs(transactional_db):
-    """The runs the test tasks recorded: (task_id, name, args, kwargs, routing_key, retries, started_at)."""
-
-    class Runs:
-        def all(self, name=None):
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT task_id, name, args, kwargs, routing_key, retries, started_at "
-                               "FROM timeouts_test_call WHERE %s IS NULL OR name = %s ORDER BY started_at",
-                               [name, name])
-                # Django reads jsonb as text (its JSONField parses it).
-                return [(task_id, name, json.loads(args), json.loads(kwargs), *rest)
-                        for task_id, name, args, kwargs, *rest in cursor.fetchall()]
-
-        def count(self, name=None):
-            return len(self.all(name))
-
-    with connection.cursor() as cursor:
-        cursor.execute(CALLS_TABLE_SQL)
-        cursor.execute("TRUNCATE timeouts_test_call")
-    yield Runs()
 
 
 def scan_until(predicate, timeout, message):

@@ -1,6 +1,6 @@
 """The system tests whose behaviour depends on the broker, run again on RabbitMQ (Celery's default
 broker) with publisher confirms; their own modules (test_celery.py, test_batch_worker_crash.py,
-test_dispatcher.py, test_durable_task.py) run them on Redis.
+test_dispatcher.py, test_durable_task.py, test_call_starts.py) run them on Redis.
 
 Each test below is the same function as in its own module, collected here a second time: in this
 module the `broker` fixture, which `worker` builds on, is a RabbitMQ virtual host of the test's own
@@ -23,6 +23,10 @@ from tests.brokers import rabbitmqctl
 from tests.system.test_batch_worker_crash import (  # noqa: F401
     test_a_worker_that_dies_inside_a_batch_gets_it_again_and_runs_the_rest_once,
 )
+from tests.system.test_call_starts import (  # noqa: F401
+    test_a_call_is_started_while_its_message_waits_and_runs_at_its_eta,
+    test_a_stopping_worker_gives_back_the_calls_it_started_ahead,
+)
 from tests.system.test_celery import (  # noqa: F401
     finished,
     scan_until,
@@ -31,7 +35,6 @@ from tests.system.test_celery import (  # noqa: F401
 )
 from tests.system.test_dispatcher import test_a_task_due_in_200_ms_starts_on_time_without_any_scan  # noqa: F401
 from tests.system.test_durable_task import (  # noqa: F401
-    runs,
     test_a_call_published_twice_runs_once,
     test_a_call_that_expires_on_its_way_to_the_worker_ends_cancelled,
     test_a_worker_killed_with_calls_pending_loses_none,

@@ -47,6 +47,7 @@ NOTIFY_IN_RETURNING = {
     "reschedule_task": "timeouts_notify_v1",
     "requeue_task": "timeouts_notify_v1",
     "release_claims": "timeouts_notify_v1",
+    "give_back_call_starts": "timeouts_notify_v1",
     "fail_task": "timeouts_notify_v1",
     "recover_expired": "timeouts_notify_v1",
     "override_limits": "timeouts_notify_v1",

@@ -496,6 +496,21 @@ WHERE job_id = %(job_id)s AND action_time = %(action_time)s
 RETURNING job_id;
 
 
+-- name: give_back_call_starts
+-- Calls a worker started ahead (call_starts.py) and will not run: it is shutting down with their
+-- messages still waiting for their eta. Back to PENDING with the attempt unused, as release_claims
+-- gives back a claim, so they are published again at once rather than when their leases run out;
+-- the waiting message, delivered again, starts the row if it comes before the new one (the
+-- compare-and-set takes either, never both).
+UPDATE timeouts_task AS t
+SET status = :PENDING, attempts = t.attempts - 1, started_at = NULL, lease_until = NULL, modified_at = c.now
+FROM unnest(%(job_ids)s::bigint[], %(action_times)s::timestamptz[], %(attempts)s::integer[])
+    AS r(job_id, action_time, attempt),
+     (SELECT clock_timestamp() AS now) AS c
+WHERE t.job_id = r.job_id AND t.action_time = r.action_time AND t.status = :RUNNING AND t.attempts = r.attempt
+RETURNING timeouts_notify_v1(%(channel)s, t.run_at, c.now + %(horizon)s * interval '1 second');
+
+
 -- name: cancel_call
 -- Every waiting call of one Celery task_id (a retry keeps the task_id), by the (biz_id, biz_type)
 -- index. Fenced by the worker's compare-and-set as cancel_task is.

@@ -1,0 +1,92 @@
+"""A DurableTask call claimed ahead is started by the worker's main process while its message
+waits for its eta: real worker processes, a real dispatcher process, the real broker (Redis)."""
+
+import signal
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+
+import timeouts.celery
+from tests import processes
+from tests.system.test_dispatcher import dispatcher_process
+from tests.system.test_durable_task import calls, settled
+from tests.testapp import tasks
+from timeouts.models import TimeoutTask
+
+Status = TimeoutTask.Status
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+# Well inside call_starts.START_AHEAD: the worker holds each message this long before its eta.
+LEAD = "0.8"
+
+
+def started_before_due() -> int:
+    """Calls RUNNING while their run_at is still a while off, by the database clock (a pool process
+    records its own start at most publishing.ETA_HEADROOM ahead)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM timeouts_task WHERE biz_type LIKE 'celery:%%' "
+                       "AND status = %s AND run_at > clock_timestamp() + interval '0.2 second'",
+                       [int(Status.RUNNING)])
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.timeout(90)
+def test_a_call_is_started_while_its_message_waits_and_runs_at_its_eta(worker, runs):
+    with dispatcher_process("dispatcher", "--lead", LEAD):
+        results = [tasks.record.apply_async((i,), countdown=2 + i / 5) for i in range(5)]
+        processes.wait_for(lambda: started_before_due() > 0, 30, interval=0.01,
+                           message="a call started before its eta")
+        processes.wait_for(lambda: runs.count() == 5 and settled(), 30, message="every call")
+    time.sleep(0.5)  # a duplicate would show now
+    rows = {row.biz_id: row for row in calls()}
+    assert sorted(r[0] for r in runs.all()) == sorted(r.id for r in results)
+    assert all(started_at >= rows[task_id].action_time for task_id, *_, started_at in runs.all())
+    assert {(row.status, row.attempts) for row in rows.values()} == {(Status.DONE, 1)}
+
+
+@pytest.mark.timeout(90)
+def test_a_stopping_worker_gives_back_the_calls_it_started_ahead(worker, runs):
+    with dispatcher_process("dispatcher", "--lead", LEAD):
+        result = tasks.record.apply_async(("given back",), countdown=3)
+        processes.wait_for(lambda: started_before_due() == 1, 30, interval=0.01,
+                           message="the call started before its eta")
+        worker.send_signal(signal.SIGTERM)  # a warm shutdown, before the eta
+        worker.wait(30)
+        assert runs.count() == 0
+        # Given back, then claimed and published again by the dispatcher: no lease to wait out.
+        assert calls().get().status in (Status.PENDING, Status.DISPATCHED)
+        replacement = processes.celery_worker(env=processes.django_env(), name="replacement")
+        try:
+            processes.wait_for(lambda: settled() and runs.count() == 1, 30, message="the call, once")
+            time.sleep(1)  # the message the stopped worker held, delivered again, is dropped
+        finally:
+            processes.stop(replacement)
+    assert [r[0] for r in runs.all()] == [result.id]
+    row = calls().get()
+    assert (row.status, row.attempts, row.last_error) == (Status.DONE, 1, "")
+
+
+@pytest.mark.timeout(120)
+def test_a_true_cancel_racing_a_start_ahead_never_runs(worker, runs):
+    first = datetime.now(UTC) + timedelta(seconds=3)
+    etas = [first + timedelta(milliseconds=20 * i) for i in range(200)]
+    with dispatcher_process("dispatcher", "--lead", "0.2"):
+        results = [tasks.record.apply_async((i,), eta=eta) for i, eta in enumerate(etas)]
+        cancelled = set()
+        # Every other call, from before its claim to after its due time, while it is claimed,
+        # published, held by the worker, started ahead and run.
+        offsets = [-0.4, -0.2, -0.15, -0.1, -0.05, -0.01, 0.0, 0.01]
+        for n, i in enumerate(range(0, len(results), 2)):
+            wait = (etas[i] - datetime.now(UTC)).total_seconds() + offsets[n % len(offsets)]
+            time.sleep(max(wait, 0))
+            if timeouts.celery.cancel(results[i].id):
+                cancelled.add(results[i].id)
+        processes.wait_for(settled, 60, message="every call settled")
+        time.sleep(0.5)
+    ran = [r[0] for r in runs.all()]
+    assert cancelled and len(cancelled) < 100, "some cancels must have won, some lost"
+    assert len(ran) == len(set(ran)), "a call ran twice"
+    assert not set(ran) & cancelled
+    assert set(ran) | cancelled == {r.id for r in results}

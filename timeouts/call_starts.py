@@ -1,0 +1,243 @@
+"""Starting a stored Celery call while its message waits in the worker, off the pool's time.
+
+The dispatcher publishes a call claimed ahead with a Celery ETA, and the worker's main process
+holds the message in its timer until then, as it holds any ETA message. The call's
+compare-and-set start is a durable commit. Recorded by the pool process at the eta, that commit
+would be in the call's lateness; recorded there a little before the eta, the pool process would
+be held, waiting, for every call. Either way, calls due close together queue for a pool process,
+where Celery's own ETA calls do not.
+
+So the worker's main process records the start while the message waits: a `StartingRequest` (the
+Request class of `DurableTask`) hands the call's fence to a thread of the main process as soon as
+the message is received, and that thread runs the compare-and-set (`start_task`, allowed
+`START_AHEAD` before run_at) on a connection of its own. When the timer fires (the message's eta
+is ETA_HEADROOM before run_at, the time the main process takes to hand a message to a pool
+process), the start goes to the pool process with the message: that process waits out the rest
+of run_at by the database clock (`_DatabaseClock`) and runs the body at once.
+
+Whatever happens, the compare-and-set is run once, by one process, for each message:
+- not started yet when the eta comes (a slow database): the thread no longer runs it, and the
+  pool process starts the call itself, as for a message received without an ETA;
+- being started when the eta comes: the timer waits for the statement's answer;
+- refused (a stale message, a cancel that won, a run_at further ahead than START_AHEAD): the
+  pool process tries the compare-and-set itself, and drops the message as it always has.
+
+A start recorded ahead is for a message the worker holds unacknowledged. When the worker shuts
+down before the eta, the broker delivers the message again, but its attempt is taken: the
+`worker_shutdown` receiver gives those starts back (`give_back_call_starts`), so the call is
+published again at once rather than when its lease runs out. A worker killed outright cannot:
+its calls run again once their leases run out, as those of a worker lost mid-run do.
+"""
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from datetime import datetime
+
+from celery.signals import worker_shutdown
+from celery.worker.request import Request
+
+from .celery_calls import FENCE_HEADER
+
+logger = logging.getLogger(__name__)
+
+# How long before its run_at a call's start may be recorded. The dispatcher claims and publishes
+# up to its lead ahead (DISPATCH_LEAD; more with --lead): a message received earlier than this
+# is started by its pool process.
+START_AHEAD = 1.0  # seconds
+# [job_id, action_time, attempt, partition, shard]: a start recorded ahead is added as the sixth.
+FENCE_LENGTH = 5
+# How long the timer waits for a start the thread has begun: one statement's answer.
+ANSWER_TIMEOUT = 5.0  # seconds
+
+
+class StartingRequest(Request):
+    """Celery's Request, for `DurableTask`: a call received ahead of its eta is started ahead."""
+
+    def __init__(self, message, **kwargs):
+        super().__init__(message, **kwargs)
+        self._ahead = None
+        fence = self._request_dict.get(FENCE_HEADER)
+        if fence and len(fence) == FENCE_LENGTH and self._eta is not None and self._eta.timestamp() > time.time():
+            self._ahead = _starter.submit(fence)
+
+    def __init_subclass__(cls, **kwargs):
+        # The worker runs requests through a subclass made per task (celery.worker.request's
+        # create_request_cls), whose execute_using_pool does not call this class's: wrap its own.
+        super().__init_subclass__(**kwargs)
+        execute = cls.__dict__.get("execute_using_pool")
+        if execute is not None:
+            def execute_using_pool(self, pool, **options):
+                self._hand_over_start()
+                return execute(self, pool, **options)
+            cls.execute_using_pool = execute_using_pool
+
+    def execute_using_pool(self, pool, **options):
+        self._hand_over_start()
+        return super().execute_using_pool(pool, **options)
+
+    def _hand_over_start(self):
+        """Put the start recorded ahead, if any, into the fence the pool process reads."""
+        ahead, self._ahead = self._ahead, None
+        started = ahead and ahead.take()
+        if started is not None:
+            self._request_dict[FENCE_HEADER] = [*self._request_dict[FENCE_HEADER], started]
+
+
+class _Start:
+    """One call's start, from the thread that records it to the request that hands it over."""
+
+    def __init__(self, fence):
+        self.fence = fence
+        self.lock = threading.Lock()
+        self.state = "waiting"  # then "starting" and "answered", or "abandoned"
+        self.started = None  # what the pool process gets: {"row": ..., "not_before": ...}
+        self.answered = threading.Event()
+
+    def begin(self) -> bool:
+        with self.lock:
+            if self.state != "waiting":
+                return False
+            self.state = "starting"
+            return True
+
+    def answer(self, started):
+        with self.lock:
+            self.started, self.state = started, "answered"
+        self.answered.set()
+
+    def take(self):
+        """The recorded start, once; None when there is none (the pool process then starts it)."""
+        with self.lock:
+            if self.state == "waiting":
+                self.state = "abandoned"
+                return None
+        if not self.answered.wait(ANSWER_TIMEOUT):
+            # The compare-and-set may have committed: the pool process's own then fails and drops
+            # the message, and the call runs again once its lease runs out (late, not lost).
+            logger.warning("timeouts: no answer in %s s to the start of job %s", ANSWER_TIMEOUT, self.fence[0])
+            return None
+        _starter.taken(self)
+        return self.started
+
+
+class _Starter:
+    """The main process's thread that records the starts, and the starts not handed over yet."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.queue = deque()
+        self.waiting = set()  # started ahead, not handed over to a pool process yet
+        self.wake = threading.Event()
+        self.pid = None
+
+    def submit(self, fence) -> _Start:
+        start = _Start(fence)
+        with self.lock:
+            self.queue.append(start)
+            if self.pid != os.getpid():
+                self.pid = os.getpid()
+                threading.Thread(target=self._run, name="timeouts-call-starts", daemon=True).start()
+        self.wake.set()
+        return start
+
+    def taken(self, start):
+        with self.lock:
+            self.waiting.discard(start)
+
+    def _run(self):
+        while True:
+            self.wake.wait()
+            self.wake.clear()
+            while True:
+                with self.lock:
+                    if not self.queue:
+                        break
+                    start = self.queue.popleft()
+                if start.begin():
+                    started = _record(start.fence)
+                    if started is not None:
+                        with self.lock:
+                            self.waiting.add(start)
+                    start.answer(started)
+
+    def give_back(self):
+        """Give back the starts recorded for messages this worker will not run (it is stopping)."""
+        from . import own_connection
+        from .conf import notify_params
+        from .queries import fetch_dicts
+
+        with self.lock:
+            starts, self.waiting = list(self.waiting), set()
+        by_shard = {}
+        for start in starts:
+            job_id, action_time, attempt, _, shard = start.fence
+            by_shard.setdefault(shard, []).append((job_id, action_time, attempt))
+        for shard, calls in by_shard.items():
+            params = {"job_ids": [job_id for job_id, _, _ in calls],
+                      "action_times": [action_time for _, action_time, _ in calls],
+                      "attempts": [attempt for _, _, attempt in calls]}
+            try:
+                with own_connection.used(shard):
+                    fetch_dicts("give_back_call_starts", {**params, **notify_params()})
+            except Exception:
+                logger.exception("timeouts: could not give back %d calls started ahead; they run again "
+                                 "once their leases run out", len(calls))
+
+
+def _record(fence):
+    """The compare-and-set start of one call, or None (refused, or the database failed)."""
+    from . import own_connection, running
+    from .queries import is_partition_name
+
+    job_id, action_time, attempt, partition, shard = fence
+    key = {"job_id": job_id, "action_time": datetime.fromisoformat(action_time)}
+    try:
+        with own_connection.used(shard):
+            row = running.start_ahead(key, attempt, partition if is_partition_name(partition) else None,
+                                      START_AHEAD)
+            answered = time.monotonic()
+    except Exception:
+        logger.exception("timeouts: could not start job %s ahead; its pool process starts it", job_id)
+        return None
+    if row is None:
+        return None
+    row["attribute"] = None  # the call itself travels in the message
+    offset = _database_clock.offset(shard, row.pop("database_now").timestamp() - answered)
+    return {"row": row, "not_before": row["run_at"].timestamp() - offset}
+
+
+class _DatabaseClock:
+    """How far ahead of this machine's monotonic clock each shard's database clock is, at least.
+
+    The database read its clock before its answer came: database_now - (monotonic time of the
+    answer) is never more than the true offset. Each answer gives such a bound, short of the truth
+    by the time from the clock read to the answer; the largest of the last WINDOW seconds' is the
+    closest. Bounds older than that are dropped, so the two clocks drifting apart (NTP slews at
+    most 0.05 %) moves the result by microseconds."""
+
+    WINDOW = 1.0  # seconds
+
+    def __init__(self):
+        self.bounds = {}  # shard -> deque of (monotonic time, bound)
+
+    def offset(self, shard, bound) -> float:
+        now = time.monotonic()
+        bounds = self.bounds.setdefault(shard, deque())
+        bounds.append((now, bound))
+        while bounds[0][0] < now - self.WINDOW:
+            bounds.popleft()
+        return max(b for _, b in bounds)
+
+
+_database_clock = _DatabaseClock()
+
+
+_starter = _Starter()
+
+
+@worker_shutdown.connect(weak=False)
+def _give_back_on_shutdown(**kwargs):
+    _starter.give_back()
