@@ -45,7 +45,6 @@ logger = logging.getLogger(__name__)
 CELERY_INTERNAL = "celery."
 # timeouts' own tasks (timeouts.run, ...), DurableTask too under task_cls, are never called with an ETA.
 TIMEOUTS_OWN = "timeouts."
-MAX_ERROR_LENGTH = 20_000
 
 
 class DurableTask(Task):
@@ -176,8 +175,9 @@ def _run_fenced(task, fence, body, args, kwargs):
         # Celery requeues would find its row ended, so the row is left for an operator to requeue.
         end(row.Status.DEAD, f"rejected: {exc.reason!r}")
         raise
-    except Exception:
-        end(row.Status.DEAD, traceback.format_exc()[-MAX_ERROR_LENGTH:])
+    except BaseException as exc:
+        if not running.stops_the_worker(exc):  # a sys.exit() of the task's own is its failure too
+            end(row.Status.DEAD, traceback.format_exc())
         raise
     else:
         end(row.Status.DONE, "")
@@ -206,7 +206,7 @@ def _end(row, shard, key, attempt, status, error):
     from . import events, own_connection, running
 
     _heartbeat.remove(shard, key)
-    params = {**key, "attempt": attempt, "status": int(status), "error": error}
+    params = {**key, "attempt": attempt, "status": int(status), "error": running.error_text(error)}
     try:
         with own_connection.used(shard):
             matched = running.record_outcome("end_call", params)

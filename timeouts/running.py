@@ -2,11 +2,14 @@
 
 import logging
 import random
+import sys
 import time
 import traceback
 from datetime import datetime
 from typing import NamedTuple
 
+from billiard import common as billiard_common
+from celery.exceptions import WorkerShutdown, WorkerTerminate
 from django.db import InterfaceError, OperationalError, ProgrammingError
 from psycopg.errors import UndefinedTable
 
@@ -32,6 +35,38 @@ def backoff_seconds(attempt: int) -> float:
     """Exponential with jitter: 1-2 s after the first failure, doubling, capped at an hour."""
     ceiling = min(MAX_BACKOFF, 2.0**attempt)
     return random.uniform(ceiling / 2, ceiling)
+
+
+def error_text(text: str) -> str:
+    """An error as a row stores it (last_error, a result's errors): its last MAX_ERROR_LENGTH
+    characters, where a traceback says what failed, and what PostgreSQL's text cannot hold written
+    as repr() writes it: NUL as the four characters \\x00, a lone surrogate (undecodable bytes of a
+    file name) as \\udc80. An escape rather than U+FFFD still says which character it was, and reads
+    as in Python. Refused, the error would take the whole outcome with it: the row would stay
+    RUNNING until its lease ran out."""
+    storable = text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    return storable[-MAX_ERROR_LENGTH:]
+
+
+# billiard's handler of SIGTERM in a pool process sets a flag, then raises SystemExit wherever the
+# process was. Older billiard versions have the flag without the function that reads it.
+_terminate_handler_fired = getattr(billiard_common, "terminate_handler_fired",
+                                   lambda: billiard_common._should_have_exited[0])
+
+
+def stops_the_worker(exc: BaseException) -> bool:
+    """Whether `exc` is the worker stopping the attempt rather than the attempt failing: Ctrl-C,
+    Celery's shutdown (WorkerShutdown, WorkerTerminate), gevent or eventlet killing the greenlet,
+    or anything raised once billiard's SIGTERM handler has run in this pool process (its
+    SystemExit, or an error of a cleanup it interrupted: billiard reports no result for that job
+    either). Such an attempt has not ended: nothing is recorded, and lease recovery moves it on
+    once its lease runs out, as when the worker is killed. Anything else, a SystemExit of the code's own (sys.exit(),
+    argparse) or an asyncio.CancelledError included, is the attempt's failure, as Django's
+    ImmediateBackend records it."""
+    greenlet = sys.modules.get("greenlet")
+    return (isinstance(exc, (KeyboardInterrupt, WorkerShutdown, WorkerTerminate))
+            or (greenlet is not None and isinstance(exc, greenlet.GreenletExit))
+            or _terminate_handler_fired())
 
 
 class Done(NamedTuple):
@@ -76,8 +111,12 @@ def run_leaving_done(job_id, action_time, attempt, partition=None, lease_extra=0
     faults.fault("run.after_start")
     try:
         get_handler(task.biz_type)(task)
-    except Exception:
-        error = traceback.format_exc()[-MAX_ERROR_LENGTH:]
+    except BaseException as exc:
+        if stops_the_worker(exc):
+            raise
+        # Any other BaseException is the handler's failure too, retried or DEAD as any; returning
+        # its outcome keeps the pool process serving (billiard ends one that a SystemExit leaves).
+        error = error_text(traceback.format_exc())
         params = {**key, "attempt": attempt, "error": error, "backoff": backoff_seconds(attempt), **notify_params()}
         row = record_outcome("fail_task", params)
         outcome = "lost" if row is None else ("dead" if row["status"] == TimeoutTask.Status.DEAD else "retry")

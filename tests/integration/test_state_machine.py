@@ -7,7 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection, transaction
 
-from timeouts import operations, running
+import timeouts
+from timeouts import operations, registry, running
 from timeouts.claiming import claim_due
 from timeouts.models import TimeoutTask
 from timeouts.queries import fetch_one
@@ -101,6 +102,32 @@ def test_failing_handler_retries_with_backoff_then_dies(starts):
     assert dead.requeue() is True and dead.attempts == 0
     assert len(claim_due(10)) == 1
     assert starts.count() == 2
+
+
+def run_a_handler_raising(exc):
+    """The row after a one-attempt handler raised `exc`, and the outcome."""
+    def fails(task):
+        raise exc
+
+    timeouts.handler("test.fail_once", max_attempts=1)(fails)
+    try:
+        task = due_task("test.fail_once")
+        outcome = run_message(claim_one())
+        return reload(task), outcome
+    finally:
+        registry.unregister("test.fail_once")
+
+
+def test_a_handler_error_with_nul_is_stored_with_the_nul_escaped():
+    dead, outcome = run_a_handler_raising(ValueError("before\x00after"))  # PostgreSQL's text holds no NUL
+    assert (outcome, dead.status) == ("dead", Status.DEAD)
+    assert "ValueError: before\\x00after" in dead.last_error
+
+
+def test_a_handler_that_calls_sys_exit_fails_as_any_raising_handler():
+    dead, outcome = run_a_handler_raising(SystemExit(3))
+    assert (outcome, dead.status) == ("dead", Status.DEAD)
+    assert "SystemExit: 3" in dead.last_error
 
 
 def test_unknown_handler_in_the_worker_counts_as_a_failure():

@@ -128,7 +128,7 @@ def test_a_raising_call_ends_dead_with_its_traceback_and_runs_again_when_requeue
     result = tasks.fail.apply_async(countdown=0.3)
     scan_until(settled, 30, "the failing call")
     [row] = calls()
-    assert row.status == Status.DEAD and "failing on purpose" in row.last_error
+    assert row.status == Status.DEAD and "failing on purpose\\x00" in row.last_error
     assert runs.count() == 1
     assert row.requeue()
     scan_until(lambda: runs.count() == 2 and settled(), 30, "the requeued call")

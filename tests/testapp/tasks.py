@@ -64,7 +64,7 @@ def retry_once(self, countdown):
 @shared_task(base=DurableTask, bind=True, name="tests.durable.fail")
 def fail(self):
     record_call(self, [], {})
-    raise RuntimeError("failing on purpose")
+    raise RuntimeError("failing on purpose\x00")  # a NUL, which PostgreSQL's text cannot hold
 
 
 @shared_task(base=DurableTask, bind=True, name="tests.durable.slow", ttr=3)

@@ -21,7 +21,7 @@ from celery import current_task
 from .. import own_connection
 from ..conf import get_settings
 from ..partitions import bucket_start, partition_name
-from ..running import MAX_ERROR_LENGTH, record_outcome
+from ..running import error_text, record_outcome, stops_the_worker
 from ..states import Status
 from . import results
 from .compat import TaskContext, TaskError, TaskResultStatus, normalize_json, task_backends, task_finished, task_started
@@ -41,8 +41,9 @@ def run(alias, task):
     try:  # a task whose module or backend this worker cannot load fails as if it had raised
         backend = task_backends[alias]
         result = results.from_row(backend, _row(task), errors=started["errors"], worker_ids=started["worker_ids"])
-    except Exception as exc:
-        _record_error(key, exc, partition)
+    except BaseException as exc:
+        if not stops_the_worker(exc):
+            _record_error(key, exc, partition)
         raise
     task_started.send(type(backend), task_result=result)
     try:
@@ -50,7 +51,11 @@ def run(alias, task):
         return_value = json.dumps(normalize_json(result.task.call(*func_args, **result.kwargs)), allow_nan=False)
         if "\\u0000" in return_value:
             raise ValueError("the return value holds NUL (\\u0000), which PostgreSQL cannot store")
-    except Exception as exc:
+    except BaseException as exc:
+        # As Django's ImmediateBackend, a SystemExit or CancelledError of the task's own is its
+        # error; what stops the worker leaves the attempt to its lease (running.stops_the_worker).
+        if stops_the_worker(exc):
+            raise
         error = _record_error(key, exc, partition)
         if task.attempts >= task.max_attempts:  # fail_task makes it DEAD: the result is final
             _set(result, status=TaskResultStatus.FAILED, errors=[*result.errors, error])
@@ -66,7 +71,7 @@ def _record_error(key, exc, partition) -> TaskError:
     """Append the attempt's error to the row. A failure to do so is logged: the task's own
     exception goes on to running.py, which records the retry or DEAD (and the error as last_error)."""
     error = TaskError(exception_class_path=f"{type(exc).__module__}.{type(exc).__qualname__}",
-                      traceback="".join(traceback.format_exception(exc))[-MAX_ERROR_LENGTH:])
+                      traceback=error_text("".join(traceback.format_exception(exc))))
     try:
         record_outcome("tasks_backend_failed", {**key, "exception_class_path": error.exception_class_path,
                                                 "traceback": error.traceback}, partition)
