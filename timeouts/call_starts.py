@@ -39,7 +39,7 @@ from datetime import datetime
 from celery.signals import worker_shutdown
 from celery.worker.request import Request
 
-from .celery_calls import FENCE_HEADER
+from .celery_calls import FENCE_HEADER, params_by_shard
 
 logger = logging.getLogger(__name__)
 
@@ -171,20 +171,15 @@ class _Starter:
 
         with self.lock:
             starts, self.waiting = list(self.waiting), set()
-        by_shard = {}
-        for start in starts:
-            job_id, action_time, attempt, _, shard = start.fence
-            by_shard.setdefault(shard, []).append((job_id, action_time, attempt))
-        for shard, calls in by_shard.items():
-            params = {"job_ids": [job_id for job_id, _, _ in calls],
-                      "action_times": [action_time for _, action_time, _ in calls],
-                      "attempts": [attempt for _, _, attempt in calls]}
+        calls = [(shard, job_id, action_time, attempt)
+                 for job_id, action_time, attempt, _, shard in (start.fence for start in starts)]
+        for shard, params in params_by_shard(calls).items():
             try:
                 with own_connection.used(shard):
                     fetch_dicts("give_back_call_starts", {**params, **notify_params()})
             except Exception:
                 logger.exception("timeouts: could not give back %d calls started ahead; they run again "
-                                 "once their leases run out", len(calls))
+                                 "once their leases run out", len(params["job_ids"]))
 
 
 def _record(fence):

@@ -266,18 +266,15 @@ class _Heartbeat:
                 running = dict(self.running)
             if not running:
                 continue
-            by_shard = {}
-            for (shard, job_id, action_time), (attempt, _) in running.items():
-                by_shard.setdefault(shard, []).append((job_id, action_time, attempt))
-            for shard, calls in by_shard.items():
-                params = {"job_ids": [job_id for job_id, _, _ in calls],
-                          "action_times": [action_time for _, action_time, _ in calls],
-                          "attempts": [attempt for _, _, attempt in calls]}
+            calls = [(shard, job_id, action_time, attempt)
+                     for (shard, job_id, action_time), (attempt, _) in running.items()]
+            for shard, params in celery_calls.params_by_shard(calls).items():
                 try:
                     with own_connection.used(shard):
                         fetch_dicts("extend_call_leases", params)
                 except Exception:
-                    logger.exception("timeouts: could not extend the leases of %d running calls", len(calls))
+                    logger.exception("timeouts: could not extend the leases of %d running calls",
+                                     len(params["job_ids"]))
                     own_connection.close()
 
 

@@ -3,15 +3,13 @@ waits for its eta: real worker processes, a real dispatcher process, the real br
 
 import signal
 import time
-from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
 
-import timeouts.celery
 from tests import processes
 from tests.system.test_dispatcher import dispatcher_process
-from tests.system.test_durable_task import calls, settled
+from tests.system.test_durable_task import calls, cancel_racing_due_times, settled
 from tests.testapp import tasks
 from timeouts.models import TimeoutTask
 
@@ -70,23 +68,7 @@ def test_a_stopping_worker_gives_back_the_calls_it_started_ahead(worker, runs):
 
 @pytest.mark.timeout(120)
 def test_a_true_cancel_racing_a_start_ahead_never_runs(worker, runs):
-    first = datetime.now(UTC) + timedelta(seconds=3)
-    etas = [first + timedelta(milliseconds=20 * i) for i in range(200)]
     with dispatcher_process("dispatcher", "--lead", "0.2"):
-        results = [tasks.record.apply_async((i,), eta=eta) for i, eta in enumerate(etas)]
-        cancelled = set()
         # Every other call, from before its claim to after its due time, while it is claimed,
         # published, held by the worker, started ahead and run.
-        offsets = [-0.4, -0.2, -0.15, -0.1, -0.05, -0.01, 0.0, 0.01]
-        for n, i in enumerate(range(0, len(results), 2)):
-            wait = (etas[i] - datetime.now(UTC)).total_seconds() + offsets[n % len(offsets)]
-            time.sleep(max(wait, 0))
-            if timeouts.celery.cancel(results[i].id):
-                cancelled.add(results[i].id)
-        processes.wait_for(settled, 60, message="every call settled")
-        time.sleep(0.5)
-    ran = [r[0] for r in runs.all()]
-    assert cancelled and len(cancelled) < 100, "some cancels must have won, some lost"
-    assert len(ran) == len(set(ran)), "a call ran twice"
-    assert not set(ran) & cancelled
-    assert set(ran) | cancelled == {r.id for r in results}
+        cancel_racing_due_times(runs, lead=3, offsets=[-0.4, -0.2, -0.15, -0.1, -0.05, -0.01, 0.0, 0.01])

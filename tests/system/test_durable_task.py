@@ -68,20 +68,26 @@ def test_a_rolled_back_call_never_runs_and_a_cancelled_one_never_runs(worker, ru
 
 @pytest.mark.timeout(120)
 def test_a_true_cancel_racing_the_due_time_never_runs(worker, runs):
-    first = datetime.now(UTC) + timedelta(seconds=2)
+    with processes.scanning(0.005):
+        # Every other call, just before, at, or after its due time, while it is claimed, published, started.
+        cancel_racing_due_times(runs, lead=2, offsets=[-0.03, -0.01, 0.0, 0.005, 0.01, 0.03, 0.1])
+
+
+def cancel_racing_due_times(runs, lead, offsets):
+    """Make 200 calls due 20 ms apart from `lead` seconds on, cancel every other one at its due time
+    plus the next of `offsets` (seconds), and check that no call a cancel won ever ran, and that
+    every other call ran once."""
+    first = datetime.now(UTC) + timedelta(seconds=lead)
     etas = [first + timedelta(milliseconds=20 * i) for i in range(200)]
     results = [tasks.record.apply_async((i,), eta=eta) for i, eta in enumerate(etas)]
-    with processes.scanning(0.005):
-        cancelled = set()
-        # Every other call, just before, at, or after its due time, while it is claimed, published, started.
-        offsets = [-0.03, -0.01, 0.0, 0.005, 0.01, 0.03, 0.1]
-        for n, i in enumerate(range(0, len(results), 2)):
-            wait = (etas[i] - datetime.now(UTC)).total_seconds() + offsets[n % len(offsets)]
-            time.sleep(max(wait, 0))
-            if timeouts.celery.cancel(results[i].id):
-                cancelled.add(results[i].id)
-        processes.wait_for(settled, 60, message="every call settled")
-        time.sleep(0.5)
+    cancelled = set()
+    for n, i in enumerate(range(0, len(results), 2)):
+        wait = (etas[i] - datetime.now(UTC)).total_seconds() + offsets[n % len(offsets)]
+        time.sleep(max(wait, 0))
+        if timeouts.celery.cancel(results[i].id):
+            cancelled.add(results[i].id)
+    processes.wait_for(settled, 60, message="every call settled")
+    time.sleep(0.5)
     ran = [r[0] for r in runs.all()]
     assert cancelled and len(cancelled) < 100, "some cancels must have won, some lost"
     assert len(ran) == len(set(ran)), "a call ran twice"
