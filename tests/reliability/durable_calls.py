@@ -162,6 +162,7 @@ class CallReport:
     duplicates: dict = field(default_factory=dict)  # task_id -> its runs, oldest first, if more than one
     not_done: list = field(default_factory=list)  # (task_id, status)
     accounting: list = field(default_factory=list)  # (task_id, attempts, runs)
+    due: dict = field(default_factory=dict)  # task_id -> its action_time, for every stored call's row
 
     def problems(self) -> dict:
         names = ("lost", "unexpected", "early", "double_starts", "duplicates", "not_done", "accounting")
@@ -220,7 +221,8 @@ def check_calls(sut_dsn, oracle_dsn) -> CallReport:
     by_task = defaultdict(list)
     for run in runs:
         by_task[run["task_id"]].append(run)
-    report = CallReport(stored=len(stored), runs=len(runs))
+    report = CallReport(stored=len(stored), runs=len(runs),
+                        due={task_id: action_time for task_id, (_, action_time, _) in rows.items()})
     report.lost = sorted(stored - set(by_task))
     report.unexpected = sorted(set(by_task) - stored)
     for task_id, task_runs in by_task.items():
