@@ -232,13 +232,20 @@ class Dispatcher:
 
     # -- claiming and publishing -----------------------------------------------------------------
 
+    def _claim_lead(self) -> float:
+        """How far ahead to claim: the lead, and a backoff's longest more while claims are held back
+        (backpressure, or rows another claimer holds). The next claim may then come that much
+        later, and a task of another biz_type that falls due before it is claimed now, still a
+        lead ahead of its time, in time for its message to reach a worker before its ETA."""
+        return self.lead + (self.contention_backoff.cap if self.empty_claims > 1 else 0.0)
+
     def _dispatch(self):
         """Claim and publish batch after batch while they come back full."""
         self.stats.add(wakeups=1)
         started = self.last_claim = self.clock()
         claimed = published = 0
         while True:
-            claims = claim_due(self.batch_size, lead=self.lead)
+            claims = claim_due(self.batch_size, lead=self._claim_lead())
             self.stats.add(queries=1, claimed=len(claims))
             claimed += len(claims)
             full = len(claims) == self.batch_size
