@@ -16,5 +16,6 @@ class TimeoutsConfig(AppConfig):
 
         register_from_settings()
         # Imported for what importing does: the system checks register themselves, the Celery tasks
-        # join the host's app, and the dispatcher thread starts in workers when DISPATCHER_IN_WORKER is on.
-        from . import checks, tasks, worker_dispatcher  # noqa: F401
+        # join the host's app, the dispatcher thread starts in workers when DISPATCHER_IN_WORKER is on,
+        # and workers hand tasks claimed on time to their pool first.
+        from . import checks, on_time_first, tasks, worker_dispatcher  # noqa: F401

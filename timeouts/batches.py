@@ -8,10 +8,11 @@ a statement per task: a handler's DONE is written in one statement with the next
 
 A batch must not hold its later tasks hostage behind a slow handler: once it has run for
 `BUDGET` seconds, it gives the tasks it has not started back (PENDING, with a NOTIFY), and a
-dispatcher hands them to whichever worker is free; so does a batch that fails part way. Its
-tasks share one TTR, and Celery's time limit on the message is TTR + BUDGET: each start extends
-its lease by what is left of the budget, so every handler gets its whole TTR, and none outlives
-its lease.
+dispatcher hands them to whichever worker is free; so does a batch that fails part way. A
+backlog's batch that a task claimed on time waits for passes its unstarted tasks on, still
+claimed, in a message of their own (on_time_first.py). Its tasks share one TTR, and Celery's time
+limit on the message is TTR + BUDGET: each start extends its lease by what is left of the budget,
+so every handler gets its whole TTR, and none outlives its lease.
 """
 
 import logging
@@ -30,8 +31,10 @@ BUDGET = 1.0  # seconds a batch may run before it hands its unstarted tasks back
 Item = namedtuple("Item", "job_id action_time attempt run_at partition")
 
 
-def run_batch(items) -> str:
-    """Run the batch's tasks in order; returns a summary of the outcomes."""
+def run_batch(items, give_way=None) -> str:
+    """Run the batch's tasks in order; returns a summary of the outcomes. `give_way`, a backlog's
+    batch's (on_time_first.GiveWay), is asked between two tasks whether a task claimed on time
+    waits for this process: the batch then passes the rest on, and ends."""
     # action_time stays the message's text: run() takes it so, and release() casts it in SQL.
     items = [Item(job_id, action_time, attempt, datetime.fromisoformat(run_at), partition)
              for job_id, action_time, attempt, run_at, partition in items]
@@ -41,6 +44,9 @@ def run_batch(items) -> str:
     for index, item in enumerate(items):
         if index and time.monotonic() - began > BUDGET:
             outcomes["released"] += _give_back(items[index:], f"the batch ran {time.monotonic() - began:.1f} s")
+            break
+        if index and give_way is not None and give_way.asked():
+            outcomes.update(_pass_on(items[index:], give_way))
             break
         wait = item.run_at.timestamp() - time.time()
         if wait > 0:
@@ -63,6 +69,16 @@ def run_batch(items) -> str:
     if done is not None:
         outcomes[running.finish(done)] += 1
     return ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
+
+
+def _pass_on(rest, give_way) -> dict:
+    """Hand the unstarted tasks on in a message of their own, or give them back if that fails."""
+    try:
+        give_way.pass_on(rest)
+    except Exception:
+        logger.exception("timeouts: could not pass %d unstarted tasks on", len(rest))
+        return {"released": _give_back(rest, "a task claimed on time waits")}
+    return {"passed on": len(rest)}
 
 
 def _give_back(rest, why) -> int:

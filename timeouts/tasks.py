@@ -3,13 +3,14 @@ schedule them by name."""
 
 import logging
 from contextlib import contextmanager
+from datetime import UTC, datetime
 
 from celery import shared_task
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 
-from . import batches, own_connection, partitions, recovery, running, shards
+from . import batches, on_time_first, own_connection, partitions, recovery, running, shards
 from . import scan as scanning
-from .publishing import RUN, RUN_BATCH
+from .publishing import BACKLOG_AFTER, RUN, RUN_BATCH
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +57,20 @@ def run(self, job_id, action_time, attempt, partition, shard=DEFAULT_DB_ALIAS):
 
 # Tasks due together, in one message (RUN_BATCH_SIZE): each still runs as `run` above would. A
 # worker that dies part way gets the message again; the tasks that already started are dropped by
-# their compare-and-set, the others run.
+# their compare-and-set, the others run. A backlog's batch gives way to tasks claimed on time.
 @shared_task(name=RUN_BATCH, bind=True, ignore_result=True, acks_late=True, reject_on_worker_lost=True)
 def run_batch(self, items, shard=DEFAULT_DB_ALIAS):
+    give_way = on_time_first.GiveWay(self, shard) if _in_backlog(self.request, items) else None
     with _for_the_message(self.request, shard):
-        return batches.run_batch(items)
+        return batches.run_batch(items, give_way)
+
+
+def _in_backlog(request, items) -> bool:
+    """A backlog's batch: published without an ETA, its first task due for longer than BACKLOG_AFTER
+    (items: [job_id, action_time, attempt, run_at, partition])."""
+    if request.eta is not None:
+        return False
+    return datetime.now(UTC) - datetime.fromisoformat(items[0][3]) > BACKLOG_AFTER
 
 
 @shared_task(name="timeouts.maintain", ignore_result=True)

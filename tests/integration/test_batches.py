@@ -11,7 +11,8 @@ from django.test.utils import CaptureQueriesContext
 
 import timeouts
 from tests.broker_messages import message_etas, message_priorities, queued_messages, shown_arguments
-from timeouts import batches, faults, queries, registry, running
+from timeouts import batches, faults, on_time_first, queries, registry, running
+from timeouts import tasks as timeouts_tasks
 from timeouts.claiming import claim_due
 from timeouts.models import TimeoutTask
 from timeouts.publishing import ETA_HEADROOM, publish
@@ -239,6 +240,42 @@ def test_a_batch_behind_a_slow_handler_gives_its_unstarted_tasks_back(starts, mo
         task.refresh_from_db()
         assert (task.status, task.attempts) == (Status.PENDING, 0)
     assert len(claim_due(10)) == 4  # due, and claimable at once: no lease to wait out
+
+
+def test_a_backlog_s_batch_that_gives_way_passes_its_unstarted_tasks_on_still_claimed(broker, starts, monkeypatch):
+    """Asked to give way to a task claimed on time, the batch ends after its current task and
+    publishes the rest as a message of their own, without a statement: they stay claimed, and
+    that message runs each of them once."""
+    broker.flushdb()
+    tasks = schedule_due("test.record", 4)
+    asks = iter([True])
+    monkeypatch.setattr(on_time_first, "should_give_way", lambda: next(asks, False))
+    give_way = on_time_first.GiveWay(timeouts_tasks.run_batch, "default")
+    assert batches.run_batch(items(claim_due(10)), give_way) == "1 done, 3 passed on"
+    rest = [t.job_id for t in tasks[1:]]
+    assert TimeoutTask.objects.filter(job_id__in=rest, status=Status.DISPATCHED).count() == 3
+    [(name, job_ids, _)] = queued_messages(broker, "celery")
+    assert (name, job_ids) == ("timeouts.run_batch", rest)
+    [(_, _, [passed_on])] = shown_arguments(broker, "celery")
+    assert batches.run_batch(passed_on) == "3 done"
+    assert starts.count() == 4
+    broker.flushdb()
+
+
+def test_a_batch_that_cannot_pass_its_tasks_on_gives_them_back(starts, monkeypatch):
+    tasks = schedule_due("test.record", 4)
+
+    class BrokerDown:
+        def asked(self):
+            return True
+
+        def pass_on(self, items):
+            raise ConnectionError("the broker is down")
+
+    assert batches.run_batch(items(claim_due(10)), BrokerDown()) == "1 done, 3 released"
+    for task in tasks[1:]:
+        task.refresh_from_db()
+        assert (task.status, task.attempts, task.lease_until) == (Status.PENDING, 0, None)
 
 
 def test_a_batch_that_fails_part_way_gives_its_unstarted_tasks_back_at_once(starts, monkeypatch):

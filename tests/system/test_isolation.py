@@ -157,3 +157,32 @@ def test_a_task_due_on_time_starts_ahead_of_a_backlog_waiting_in_the_broker(brok
     [late] = lateness([row for row in starts.all() if row[0] == task.job_id])
     assert backlog_left > 1000, backlog_left  # it did not merely wait for the backlog to end
     assert 0 <= late < ON_TIME, late
+
+
+@pytest.mark.timeout(120)
+def test_a_task_claimed_on_time_takes_the_process_of_a_backlog_s_batch(broker, starts):
+    """A worker of one process holds the message of a task claimed ahead until its ETA, and
+    meanwhile runs a backlog's batch (0.9 s of handlers), which is still running when the task falls
+    due. The batch gives its unstarted tasks back and frees the process, rather than keeping the
+    task waiting until it ends; the tasks given back are claimed again and each runs once."""
+    worker = processes.celery_worker(env=processes.django_env(), name="worker-give-way", concurrency=1)
+    try:
+        processes.wait_for_worker(worker, "the worker")
+        # A lead longer than the test: every task is claimed as soon as it is scheduled.
+        with dispatcher_process("dispatcher-give-way", "--lead", "10"):
+            due = time.monotonic() + 3.0
+            task = TimeoutTask.objects.schedule("test.record", "on-time", delay=3.0)
+            processes.wait_for(lambda: TimeoutTask.objects.get(job_id=task.job_id).status == Status.DISPATCHED, 10,
+                               message="the task to be claimed")
+            time.sleep(due - 0.5 - time.monotonic())
+            schedule_due("test.slow", 9, attribute={"sleep": 0.1}, ago=5.0)  # one batch, 0.9 s of work
+            processes.wait_for(lambda: count("test.slow", Status.DONE) == 9, 30, message="the backlog to end")
+            processes.wait_for(lambda: TimeoutTask.objects.get(job_id=task.job_id).status == Status.DONE, 30,
+                               message="the task claimed on time to end")
+    finally:
+        processes.stop(worker)
+    runs = starts.all()
+    backlog = [started_at for job_id, _, _, started_at in runs if job_id != task.job_id]
+    [on_time] = [started_at for job_id, _, _, started_at in runs if job_id == task.job_id]
+    assert len(backlog) == 9 and len({job_id for job_id, *_ in runs}) == 10  # each once
+    assert sum(started_at > on_time for started_at in backlog) >= 2, (on_time, backlog)  # before the batch's rest

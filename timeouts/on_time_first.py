@@ -1,0 +1,129 @@
+"""In a prefork Celery worker, tasks claimed on time go before a backlog's.
+
+While every pool process is busy, a worker queues the requests that are ready to run (Celery's
+semaphore, sized to the concurrency) and serves them first come, first served. A backlog's batches
+reach a worker as soon as it can take them, so that queue is never empty while a backlog drains. A
+task claimed on time (published with an ETA just before its run_at) joined it when its ETA came
+and waited for every batch ahead of it, then for a process to finish one (docs:
+explanation/benchmarks).
+
+So, in the worker's main process, a request of timeouts' that carries an ETA goes to the front of
+that queue (after those claimed on time before it), and asks, through memory shared with the pool
+processes, for one process to give way. A backlog's batch answers between two of its tasks (one
+batch for each ask): it passes the rest on (GiveWay), which frees its process for the request
+within one handler's time. A process that frees by itself meanwhile takes the request, and the ask
+is withdrawn.
+
+Asks carry a deadline: Celery may drop its queued requests (when the broker connection is lost,
+for one), and an ask that nobody answers must not make a batch give way long after. Other pools
+(threads, solo) queue nothing, and nothing here applies to them.
+"""
+
+import multiprocessing
+import time
+from collections import deque
+
+from celery.signals import worker_init
+
+from .call_starts import StartingRequest
+from .publishing import RETRY_POLICY, RUN, RUN_BATCH
+
+# Seconds asks stand. A batch answers within one of its handlers; an older ask is for a request
+# that waits for handlers that do not give way (those claimed on time), not for a backlog.
+ASK_LIFETIME = 0.5
+
+# [processes asked to give way, the time.monotonic() until which they are asked], created in the
+# worker's main process before its pool forks, so that every pool process shares them.
+_asks = None
+ASKED, UNTIL = 0, 1
+
+
+@worker_init.connect(dispatch_uid="timeouts.on_time_first")
+def _install(sender=None, **kwargs):
+    """Before the worker builds its pool: the asks then exist before the pool's processes are
+    forked, and the worker takes our `_process_task_sem` when it picks its way of handing requests
+    to the pool (celery.worker.components.Pool.create)."""
+    global _asks
+    worker = sender
+    if _asks is None:
+        _asks = multiprocessing.Array("d", 2)
+    worker._process_task_sem = lambda request: _acquire(worker, request)
+
+
+class GiveWay:
+    """A backlog's batch's side (batches.run_batch). Asked to give way, it publishes its unstarted
+    tasks as a message of their own, as its own message was published (exchange, routing key,
+    priority, time limit): behind the backlog's other messages, as if claimed now. They stay
+    claimed, under the leases of their claim, so giving way costs a broker round trip while the
+    request waits, not a statement, and no dispatcher claims them again. If their leases run out
+    first, lease recovery hands them out again, and this message's compare-and-set drops them, as
+    for any message that waited too long."""
+
+    def __init__(self, task, shard):
+        self.task, self.shard = task, shard
+
+    def asked(self) -> bool:
+        return should_give_way()
+
+    def pass_on(self, items):
+        request = self.task.request
+        info = request.delivery_info or {}
+        hard_limit = request.timelimit[0] if request.timelimit else None
+        self.task.apply_async(
+            args=[[[item.job_id, item.action_time, item.attempt, item.run_at.isoformat(), item.partition]
+                   for item in items]],
+            kwargs={"shard": self.shard}, exchange=info.get("exchange"), routing_key=info.get("routing_key"),
+            priority=info.get("priority"), time_limit=hard_limit, serializer="json", retry=True,
+            retry_policy=RETRY_POLICY)
+
+
+def should_give_way() -> bool:
+    """In a pool process running a backlog's batch: answer an ask, if one stands."""
+    if _asks is None:
+        return False
+    with _asks.get_lock():
+        if _asks[ASKED] < 1:
+            return False
+        if time.monotonic() > _asks[UNTIL]:
+            _asks[ASKED] = 0
+            return False
+        _asks[ASKED] -= 1
+        return True
+
+
+def _acquire(worker, request):
+    """Celery's `_process_task_sem`, except that a request claimed on time that finds every
+    process busy goes before every request claimed late, and asks one process to give way."""
+    semaphore = worker.semaphore
+    # kombu's LaxBoundedSemaphore has no way to queue a waiter first: its queue is a deque of
+    # (callback, args, kwargs), release() pops the left end, and ours are the first there. Without
+    # that deque (another kombu), requests keep Celery's order.
+    waiting = getattr(semaphore, "_waiting", None)
+    if semaphore.value > 0 or not isinstance(waiting, deque) or not _claimed_on_time(request):
+        return worker._quick_acquire(worker._process_task, request)
+    waiting.insert(_waiting_first(waiting), (_handed_over, (worker, request), {}))
+    with _asks.get_lock():
+        _asks[ASKED] += 1
+        _asks[UNTIL] = time.monotonic() + ASK_LIFETIME
+    return False
+
+
+def _handed_over(worker, request):
+    """A process took the request. If it was not one that gave way (a batch ended by itself), an
+    ask too many stands: no more than the requests that still wait."""
+    still_waiting = _waiting_first(worker.semaphore._waiting)
+    with _asks.get_lock():
+        _asks[ASKED] = min(_asks[ASKED], still_waiting)
+    worker._process_task(request)
+
+
+def _waiting_first(waiting) -> int:
+    """How many requests claimed on time wait, at the front of the queue."""
+    return next((index for index, (callback, _, _) in enumerate(waiting) if callback is not _handed_over),
+                len(waiting))
+
+
+def _claimed_on_time(request) -> bool:
+    if request.eta is None:
+        return False
+    return request.name in (RUN, RUN_BATCH) or isinstance(request, StartingRequest)
