@@ -26,7 +26,7 @@ from collections import deque
 from celery.signals import worker_init
 
 from .call_starts import StartingRequest
-from .publishing import RETRY_POLICY, RUN, RUN_BATCH
+from .publishing import RETRY_POLICY, RUN, RUN_BATCH, args_repr
 
 # Seconds asks stand. A batch answers within one of its handlers; an older ask is for a request
 # that waits for handlers that do not give way (those claimed on time), not for a backlog.
@@ -69,12 +69,14 @@ class GiveWay:
         request = self.task.request
         info = request.delivery_info or {}
         hard_limit = request.timelimit[0] if request.timelimit else None
+        args = [[[item.job_id, item.action_time, item.attempt, item.run_at.isoformat(), item.partition]
+                 for item in items]]
+        kwargs = {"shard": self.shard}
         self.task.apply_async(
-            args=[[[item.job_id, item.action_time, item.attempt, item.run_at.isoformat(), item.partition]
-                   for item in items]],
-            kwargs={"shard": self.shard}, exchange=info.get("exchange"), routing_key=info.get("routing_key"),
+            args=args, kwargs=kwargs, exchange=info.get("exchange"), routing_key=info.get("routing_key"),
             priority=info.get("priority"), time_limit=hard_limit, serializer="json", retry=True,
-            retry_policy=RETRY_POLICY)
+            retry_policy=RETRY_POLICY, argsrepr=args_repr(args, self.task.app.amqp.argsrepr_maxsize),
+            kwargsrepr=repr(kwargs))
 
 
 def should_give_way() -> bool:
