@@ -36,8 +36,8 @@ def run_batch(items, give_way=None) -> str:
     batch's (on_time_first.GiveWay), is asked between two tasks whether a task claimed on time
     waits for this process: the batch then passes the rest on, and ends."""
     # action_time stays the message's text: run() takes it so, and release() casts it in SQL.
-    items = [Item(job_id, action_time, attempt, datetime.fromisoformat(run_at), partition)
-             for job_id, action_time, attempt, run_at, partition in items]
+    as_sent, items = items, [Item(job_id, action_time, attempt, datetime.fromisoformat(run_at), partition)
+                             for job_id, action_time, attempt, run_at, partition in items]
     began = time.monotonic()
     outcomes = Counter()
     done = None  # the last handler's DONE, which the next start writes (running.Done)
@@ -46,7 +46,7 @@ def run_batch(items, give_way=None) -> str:
             outcomes["released"] += _give_back(items[index:], f"the batch ran {time.monotonic() - began:.1f} s")
             break
         if index and give_way is not None and give_way.asked():
-            outcomes.update(_pass_on(items[index:], give_way))
+            outcomes.update(_pass_on(items[index:], as_sent[index:], give_way))
             break
         wait = item.run_at.timestamp() - time.time()
         if wait > 0:
@@ -71,10 +71,11 @@ def run_batch(items, give_way=None) -> str:
     return ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
 
 
-def _pass_on(rest, give_way) -> dict:
-    """Hand the unstarted tasks on in a message of their own, or give them back if that fails."""
+def _pass_on(rest, rest_as_sent, give_way) -> dict:
+    """Hand the unstarted tasks on in a message of their own (their items as this message carried
+    them), or give them back if that fails."""
     try:
-        give_way.pass_on(rest)
+        give_way.pass_on(rest_as_sent)
     except Exception:
         logger.exception("timeouts: could not pass %d unstarted tasks on", len(rest))
         return {"released": _give_back(rest, "a task claimed on time waits")}

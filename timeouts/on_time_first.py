@@ -66,11 +66,11 @@ class GiveWay:
         return should_give_way()
 
     def pass_on(self, items):
+        """Publish `items`, a slice of this message's own."""
         request = self.task.request
         info = request.delivery_info or {}
         hard_limit = request.timelimit[0] if request.timelimit else None
-        args = [[[item.job_id, item.action_time, item.attempt, item.run_at.isoformat(), item.partition]
-                 for item in items]]
+        args = [items]
         kwargs = {"shard": self.shard}
         self.task.apply_async(
             args=args, kwargs=kwargs, exchange=info.get("exchange"), routing_key=info.get("routing_key"),
