@@ -14,16 +14,22 @@ batch for each ask): it passes the rest on (GiveWay), which frees its process fo
 within one handler's time. A process that frees by itself meanwhile takes the request, and the ask
 is withdrawn.
 
+Giving way takes a handler's end, a statement and a publish, and on a busy machine that can be
+longer than the few milliseconds between a request's ETA and its due time. So the worker asks
+`ASK_AHEAD` before the ETA, when the message is already in its hands (it came with its ETA), and
+holds the process freed for it until the ETA comes. Nothing is asked while a process is free.
+
 Asks carry a deadline: Celery may drop its queued requests (when the broker connection is lost,
-for one), and an ask that nobody answers must not make a batch give way long after. Other pools
-(threads, solo) queue nothing, and nothing here applies to them.
+for one), and an ask that nobody answers must not make a batch give way long after. A process held
+for a request that does not come goes back to the pool as well. Other pools (threads, solo) queue
+nothing, and nothing here applies to them.
 """
 
 import multiprocessing
 import time
 from collections import deque
 
-from celery.signals import worker_init
+from celery.signals import task_received, worker_init
 
 from .call_starts import StartingRequest
 from .publishing import RETRY_POLICY, RUN, RUN_BATCH, args_repr
@@ -31,6 +37,14 @@ from .publishing import RETRY_POLICY, RUN, RUN_BATCH, args_repr
 # Seconds asks stand. A batch answers within one of its handlers; an older ask is for a request
 # that waits for handlers that do not give way (those claimed on time), not for a backlog.
 ASK_LIFETIME = 0.5
+
+# Seconds before a request's ETA at which a busy worker asks for a process for it: a batch's giving
+# way then falls before the ETA, as long as it takes less. The process freed meanwhile waits idle
+# for the request, so this is what a backlog pays for each task claimed on time beside it.
+ASK_AHEAD = 0.004
+# Seconds a process freed ahead waits for its request before it goes back to the pool: the request
+# comes within ASK_AHEAD, unless Celery dropped it.
+HOLD_LIMIT = 0.5
 
 # [processes asked to give way, the time.monotonic() until which they are asked], created in the
 # worker's main process before its pool forks, so that every pool process shares them.
@@ -93,35 +107,105 @@ def should_give_way() -> bool:
         return True
 
 
+@task_received.connect(dispatch_uid="timeouts.on_time_first.ahead")
+def _received(sender=None, request=None, **kwargs):
+    """In the worker's main process, as a message with an ETA arrives (well before it: a task is
+    claimed a lead ahead): set the time to ask for a process for it."""
+    consumer = sender
+    worker = getattr(consumer, "controller", None)
+    if _asks is None or worker is None or _waiting_of(worker) is None or not _claimed_on_time(request):
+        return
+    eta = request.eta.timestamp()
+    until_ask = eta - ASK_AHEAD - time.time()
+    if until_ask > 0:
+        consumer.timer.call_after(until_ask, _ask_ahead, (worker, consumer.timer, request.id, eta))
+    elif eta > time.time():
+        _ask_ahead(worker, consumer.timer, request.id, eta)
+
+
+def _ask_ahead(worker, timer, request_id, eta):
+    if worker.semaphore.value > 0 or request_id in _ahead:
+        return  # a process is free: the request takes it at its ETA, as any other
+    waiter = _Waiter(worker, eta, request_id=request_id)
+    _ahead[request_id] = waiter
+    _queue(worker, waiter)
+    timer.call_after(HOLD_LIMIT, waiter.let_go)
+
+
 def _acquire(worker, request):
     """Celery's `_process_task_sem`, except that a request claimed on time that finds every
     process busy goes before every request claimed late, and asks one process to give way."""
-    semaphore = worker.semaphore
-    # kombu's LaxBoundedSemaphore has no way to queue a waiter first: its queue is a deque of
-    # (callback, args, kwargs), release() pops the left end, and ours are the first there. Without
-    # that deque (another kombu), requests keep Celery's order.
-    waiting = getattr(semaphore, "_waiting", None)
-    if semaphore.value > 0 or not isinstance(waiting, deque) or not _claimed_on_time(request):
+    waiting = _waiting_of(worker)
+    if waiting is None or not _claimed_on_time(request):
         return worker._quick_acquire(worker._process_task, request)
-    waiting.insert(_waiting_first(waiting), (_handed_over, (worker, request), {}))
-    with _asks.get_lock():
-        _asks[ASKED] += 1
-        _asks[UNTIL] = time.monotonic() + ASK_LIFETIME
+    ahead = _ahead.pop(request.id, None)
+    if ahead is not None and ahead.holding:
+        ahead.holding = False
+        worker._process_task(request)  # on the process held for it
+        return True
+    if ahead is not None and ahead in (callback for callback, _, _ in waiting):
+        ahead.request = request  # the process asked ahead goes to the request when it frees
+        return False
+    if worker.semaphore.value > 0:
+        return worker._quick_acquire(worker._process_task, request)
+    _queue(worker, _Waiter(worker, request.eta.timestamp(), request=request))
     return False
 
 
-def _handed_over(worker, request):
-    """A process took the request. If it was not one that gave way (a batch ended by itself), an
-    ask too many stands: no more than the requests that still wait."""
-    still_waiting = _waiting_first(worker.semaphore._waiting)
+class _Waiter:
+    """In Celery's queue: a request claimed on time, or a process asked for one ahead of its ETA
+    (`request` then comes at the ETA, unless the process came first and waits for it)."""
+
+    def __init__(self, worker, eta, request=None, request_id=None):
+        self.worker, self.eta, self.request, self.request_id = worker, eta, request, request_id
+        self.holding = False
+
+    def __call__(self):
+        """A process is free for it. If it was not one that gave way (a batch ended by itself), an
+        ask too many stands: no more than the requests that still wait."""
+        still_waiting = _waiting_first(self.worker.semaphore._waiting)
+        with _asks.get_lock():
+            _asks[ASKED] = min(_asks[ASKED], still_waiting)
+        if self.request is not None:
+            self.worker._process_task(self.request)
+        else:
+            self.holding = True
+
+    def let_go(self):
+        """The request did not come (Celery dropped it): its process goes back to the pool."""
+        if _ahead.get(self.request_id) is self:
+            del _ahead[self.request_id]
+            if self.holding:
+                self.holding = False
+                self.worker.semaphore.release()
+
+
+# Processes asked for ahead, by the id of the request they are for.
+_ahead = {}
+
+
+def _queue(worker, waiter):
+    """Queue `waiter` after those claimed on time due before it, before the rest, and ask."""
+    waiting = worker.semaphore._waiting
+    first = _waiting_first(waiting)
+    index = next((index for index in range(first) if waiting[index][0].eta > waiter.eta), first)
+    waiting.insert(index, (waiter, (), {}))
     with _asks.get_lock():
-        _asks[ASKED] = min(_asks[ASKED], still_waiting)
-    worker._process_task(request)
+        _asks[ASKED] += 1
+        _asks[UNTIL] = time.monotonic() + ASK_LIFETIME
+
+
+def _waiting_of(worker):
+    # kombu's LaxBoundedSemaphore has no way to queue a waiter first: its queue is a deque of
+    # (callback, args, kwargs), release() pops the left end, and ours are the first there. Without
+    # that deque (another kombu, or a pool that queues nothing), requests keep Celery's order.
+    waiting = getattr(getattr(worker, "semaphore", None), "_waiting", None)
+    return waiting if isinstance(waiting, deque) else None
 
 
 def _waiting_first(waiting) -> int:
-    """How many requests claimed on time wait, at the front of the queue."""
-    return next((index for index, (callback, _, _) in enumerate(waiting) if callback is not _handed_over),
+    """How many requests claimed on time (or processes asked for ahead) wait, at the front."""
+    return next((index for index, (callback, _, _) in enumerate(waiting) if not isinstance(callback, _Waiter)),
                 len(waiting))
 
 

@@ -1,11 +1,13 @@
 """The order in which a prefork worker hands requests to its busy pool: those of timeouts' claimed
-on time (with an ETA) first, in their own order, then the rest as Celery queued them; and the ask
-for one backlog batch to give way while such a request waits."""
+on time (with an ETA) first, in the order of their ETAs, then the rest as Celery queued them; the
+ask for one backlog batch to give way while such a request waits; and the process asked for ahead
+of a request's ETA, held for it."""
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
+import pytest
 from kombu.asynchronous.semaphore import LaxBoundedSemaphore
 
 from timeouts import on_time_first
@@ -14,11 +16,21 @@ from timeouts.publishing import RUN, RUN_BATCH
 ETA = datetime(2026, 1, 1, tzinfo=UTC)
 
 
+@pytest.fixture(autouse=True)
+def no_asks_standing():
+    """The asks are the pool's shared memory, made once per process: each test starts with none."""
+    yield
+    if on_time_first._asks is not None:
+        on_time_first._asks[on_time_first.ASKED] = 0
+    on_time_first._ahead.clear()
+
+
 class Worker:
     """What Celery's WorkController gives the step: its semaphore, and the pool's intake."""
 
     def __init__(self, processes):
         self.semaphore = LaxBoundedSemaphore(processes)
+        self.timer = Timer()
         self._quick_acquire = self.semaphore.acquire
         self.handed = []
         on_time_first._install(sender=self)
@@ -27,10 +39,41 @@ class Worker:
         self.handed.append(request.label)
 
     def offer(self, label, name=RUN_BATCH, eta=None):
-        self._process_task_sem(SimpleNamespace(label=label, name=name, eta=eta))
+        """The request reaches the pool's intake (at its ETA, if it has one)."""
+        self._process_task_sem(request(label, name, eta))
+
+    def receive(self, label, eta):
+        """The message arrives, ahead of its ETA."""
+        on_time_first._received(sender=SimpleNamespace(controller=self, timer=self.timer),
+                                request=request(label, RUN_BATCH, eta))
 
     def one_process_frees(self):
         self.semaphore.release()
+
+
+class Timer:
+    """The worker's timer, fired by hand."""
+
+    def __init__(self):
+        self.entries = []
+
+    def call_after(self, seconds, function, args=()):
+        self.entries.append((seconds, function, args))
+
+    def fire(self, limit):
+        """Fire the entries due within `limit` seconds of when they were set."""
+        due = [entry for entry in self.entries if entry[0] <= limit]
+        self.entries = [entry for entry in self.entries if entry[0] > limit]
+        for _, function, args in due:
+            function(*args)
+
+
+def request(label, name, eta):
+    return SimpleNamespace(id=label, label=label, name=name, eta=eta)
+
+
+def soon(seconds=1.0):
+    return datetime.now(UTC) + timedelta(seconds=seconds)
 
 
 def test_requests_claimed_on_time_pass_those_claimed_late_in_their_own_order():
@@ -99,3 +142,76 @@ def test_an_ask_nobody_answers_runs_out(monkeypatch):
     worker.semaphore.clear()  # as Celery does with its queued requests when the broker connection is lost
     time.sleep(0.1)
     assert not on_time_first.should_give_way()
+
+
+def test_requests_claimed_on_time_go_in_the_order_of_their_etas():
+    worker = Worker(processes=1)
+    worker.offer("late 1")
+    worker.offer("on time, due later", eta=ETA + timedelta(milliseconds=5))
+    worker.offer("on time, due first", eta=ETA)
+    worker.offer("late 2")
+    for _ in range(3):
+        worker.one_process_frees()
+    assert worker.handed == ["late 1", "on time, due first", "on time, due later", "late 2"]
+
+
+def test_a_busy_worker_asks_ahead_of_the_eta_and_holds_the_process_freed_for_the_request():
+    worker = Worker(processes=1)
+    worker.offer("late 1")
+    worker.offer("late 2")
+    eta = soon()
+    worker.receive("on time", eta)
+    assert not on_time_first.should_give_way()  # not before ASK_AHEAD
+    worker.timer.fire(limit=1.0)
+    assert on_time_first.should_give_way()
+    worker.one_process_frees()  # the batch gave way
+    assert worker.handed == ["late 1"]  # the process waits for the request, not for the backlog
+    worker.offer("on time", eta=eta)
+    assert worker.handed == ["late 1", "on time"]
+    worker.one_process_frees()
+    assert worker.handed == ["late 1", "on time", "late 2"]
+
+
+def test_a_request_whose_eta_comes_before_the_process_takes_the_place_asked_for_it():
+    worker = Worker(processes=1)
+    worker.offer("late 1")
+    worker.offer("late 2")
+    eta = soon()
+    worker.receive("on time", eta)
+    worker.timer.fire(limit=1.0)
+    worker.offer("on time", eta=eta)
+    assert on_time_first.should_give_way()
+    assert not on_time_first.should_give_way()  # one ask for the request, not two
+    worker.one_process_frees()
+    worker.one_process_frees()
+    assert worker.handed == ["late 1", "on time", "late 2"]
+
+
+def test_nothing_is_asked_ahead_while_a_process_is_free():
+    worker = Worker(processes=2)
+    worker.offer("late 1")
+    eta = soon()
+    worker.receive("on time", eta)
+    worker.timer.fire(limit=1.0)
+    assert not on_time_first.should_give_way()
+    worker.offer("on time", eta=eta)
+    assert worker.handed == ["late 1", "on time"]
+
+
+def test_a_process_held_for_a_request_that_does_not_come_goes_back_to_the_pool():
+    worker = Worker(processes=1)
+    worker.offer("late 1")
+    worker.offer("late 2")
+    worker.receive("dropped", soon())
+    worker.timer.fire(limit=1.0)
+    worker.one_process_frees()
+    assert worker.handed == ["late 1"]
+    worker.timer.fire(limit=on_time_first.HOLD_LIMIT)
+    assert worker.handed == ["late 1", "late 2"]
+
+
+def test_a_message_that_arrives_after_its_eta_asks_nothing_ahead():
+    worker = Worker(processes=1)
+    worker.offer("late 1")
+    worker.receive("on time", datetime.now(UTC) - timedelta(seconds=1))
+    assert worker.timer.entries == [] and not on_time_first.should_give_way()
