@@ -4,7 +4,7 @@ Each task goes through `running.run()` as if it had come alone: its own compare-
 cancel fence, the early-start guard, the stale-message check), its own handler, its own DONE.
 What a batch saves is Celery's cost per message, which is most of the cost of a quick handler, and
 a statement per task: a handler's DONE is written in one statement with the next task's start
-(`running.run_leaving_done`), or alone if the batch has to wait for its next task or ends.
+(`running.run_leaving_done`), or alone if the batch ends or has to wait long for its next task.
 
 A batch must not hold its later tasks hostage behind a slow handler: once it has run for
 `BUDGET` seconds, it gives the tasks it has not started back (PENDING, with a NOTIFY), and a
@@ -26,6 +26,11 @@ from .claiming import release
 logger = logging.getLogger(__name__)
 
 BUDGET = 1.0  # seconds a batch may run before it hands its unstarted tasks back
+# Seconds a batch may wait for its next task with the last handler's DONE unwritten. A shorter wait
+# cannot hide a statement of its own on a loaded server: written alone, that DONE would make the
+# next task late by a statement. A longer one writes it first, not to leave the task RUNNING (and
+# counted against its biz_type's concurrency) while the worker waits.
+DONE_WAITS_UP_TO = 0.005
 
 # partition: where the claim found the row, for the worker's UPDATEs to go straight there.
 Item = namedtuple("Item", "job_id action_time attempt run_at partition")
@@ -50,8 +55,8 @@ def run_batch(items, give_way=None) -> str:
             break
         wait = item.run_at.timestamp() - time.time()
         if wait > 0:
-            if done is not None:
-                outcomes[running.finish(done)] += 1  # not left RUNNING while the worker waits
+            if done is not None and wait > DONE_WAITS_UP_TO:
+                outcomes[running.finish(done)] += 1
                 done = None
             _wait(wait)
         # The message's time limit is TTR + BUDGET from the batch's start: a lease of TTR plus what

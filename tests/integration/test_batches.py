@@ -228,6 +228,22 @@ def test_a_batch_claimed_ahead_starts_each_task_at_its_own_time_never_before(sta
         assert timedelta(0) <= started_at - action_time < timedelta(seconds=1)
 
 
+def test_a_batch_waiting_briefly_for_its_next_task_writes_the_done_with_its_start(starts, monkeypatch):
+    """A wait shorter than DONE_WAITS_UP_TO leaves the last DONE to the next start's statement; a
+    longer one writes it first."""
+    monkeypatch.setattr(batches, "DONE_WAITS_UP_TO", 0.1)
+    now = datetime.now(UTC)
+    tasks = [TimeoutTask.objects.schedule("test.record", i, at=now + timedelta(milliseconds=300 + offset))
+             for i, offset in enumerate((0, 40, 440))]
+    claims = claim_due(10, lead=5)
+    with CaptureQueriesContext(connection) as captured:
+        assert batches.run_batch(items(claims)) == "3 done"
+    names = [name for q in captured for name in ("finish_then_start_task", "start_task", "finish_task")
+             if q["sql"].lstrip().startswith(queries.QUERIES[name].split("\n", 1)[0])]
+    assert names == ["start_task", "finish_then_start_task", "finish_task", "start_task", "finish_task"]
+    assert [TimeoutTask.objects.get(pk=t.pk).status for t in tasks] == [Status.DONE] * 3
+
+
 def test_a_batch_behind_a_slow_handler_gives_its_unstarted_tasks_back(starts, monkeypatch):
     monkeypatch.setattr(batches, "BUDGET", 0.2)
     first = schedule_due("test.slow", 1, attribute={"sleep": 0.4})
