@@ -39,6 +39,13 @@ PIPELINE_SIZE = 500
 # process) hands separate messages to whichever process is free. Measured on the spread
 # benchmark: p99 lateness 17-27 ms with 10 ms, 30-59 ms with the whole lead (docs: explanation/benchmarks).
 BATCH_WINDOW = 0.01
+# The same, for a claim that also took a backlog's tasks (due over BACKLOG_AFTER ago). Every process
+# is then busy with the backlog, each message claimed on time gets one that gives way for it
+# (on_time_first), and tasks sharing a message run one after another at a loaded server's pace,
+# several milliseconds each: apart, they run side by side. Not so without a backlog, where every
+# message holds a process from its ETA to its first task, and more messages keep more of them
+# waiting (docs: explanation/benchmarks).
+BESIDE_BACKLOG_WINDOW = 0.002
 # How much before its first task's run_at a message claimed ahead is due by its Celery ETA. Celery's
 # ETA timer (in the worker's main process) hands a message to a pool process 1-4 ms after its ETA;
 # the batch then sleeps until each run_at itself, to within a sleep's precision. Measured on the
@@ -176,15 +183,17 @@ def _batches(claims, size):
     """((queue, ttr, in a backlog), claims) for each message: consecutive claims of one queue and
     TTR (the TTR sets the message's time limit), either all part of a backlog or none (which sets
     the message's priority: a task claimed on time must not travel in a backlog's message), at most
-    `size` of them, due within BATCH_WINDOW of the first unless already due. Claims come ordered by
-    run_at, so a batch starts with its earliest task (which sets the message's ETA)."""
+    `size` of them, due within BATCH_WINDOW of the first unless already due (BESIDE_BACKLOG_WINDOW if
+    some claims are part of a backlog). Claims come ordered by run_at, so a batch starts with its
+    earliest task (which sets the message's ETA)."""
+    in_backlog = [claim.claimed_at - claim.run_at > BACKLOG_AFTER for claim in claims]
+    window = BESIDE_BACKLOG_WINDOW if any(in_backlog) else BATCH_WINDOW
     open_batches = {}
-    for claim in claims:
+    for claim, claim_in_backlog in zip(claims, in_backlog, strict=True):
         handler = find_handler(claim.biz_type)  # unknown here: the default queue
-        in_backlog = claim.claimed_at - claim.run_at > BACKLOG_AFTER
-        key = (handler.queue if handler is not None else None, claim.ttr, in_backlog)
+        key = (handler.queue if handler is not None else None, claim.ttr, claim_in_backlog)
         batch = open_batches.get(key)
-        if batch and claim.eta is not None and (claim.run_at - batch[0].run_at).total_seconds() > BATCH_WINDOW:
+        if batch and claim.eta is not None and (claim.run_at - batch[0].run_at).total_seconds() > window:
             yield key, open_batches.pop(key)
         batch = open_batches.setdefault(key, [])
         batch.append(claim)

@@ -109,6 +109,25 @@ def test_tasks_claimed_ahead_share_a_message_only_when_due_within_the_batch_wind
     broker.flushdb()
 
 
+def test_tasks_claimed_ahead_beside_a_backlog_share_a_message_only_within_a_narrower_window(broker):
+    """Beside a backlog every process is busy, and tasks sharing a message run one after another at
+    a loaded server's pace: tasks due 5 ms apart get messages of their own, as they would not alone."""
+    broker.flushdb()
+    at = datetime.now(UTC) + timedelta(seconds=2)
+    pair = [TimeoutTask.objects.schedule("test.record", i, at=at + timedelta(milliseconds=5 * i)) for i in range(2)]
+    publish(claim_due(10, lead=5))
+    assert [ids for _, ids, _ in queued_messages(broker, "celery")] == [[t.job_id for t in pair]]
+    broker.flushdb()
+
+    backlog = schedule_due("test.record", 3, ago=5)
+    pair = [TimeoutTask.objects.schedule("test.record", f"beside-{i}", at=at + timedelta(milliseconds=5 * i))
+            for i in range(2)]
+    publish(claim_due(10, lead=5))
+    assert [ids for _, ids, _ in queued_messages(broker, "celery")] == [
+        [pair[0].job_id], [pair[1].job_id], [t.job_id for t in backlog]]
+    broker.flushdb()
+
+
 def test_messages_show_their_arguments_as_celery_would(broker, settings):
     """Publishing hands Celery the arguments' repr() (its own saferepr costs ten times as much): logs,
     events and Flower still show the arguments, cut at Celery's limit."""
