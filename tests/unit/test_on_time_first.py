@@ -155,10 +155,16 @@ def test_requests_claimed_on_time_go_in_the_order_of_their_etas():
     assert worker.handed == ["late 1", "on time, due first", "on time, due later", "late 2"]
 
 
-def test_a_busy_worker_asks_ahead_of_the_eta_and_holds_the_process_freed_for_the_request():
+def busy_with_a_backlog():
+    """One process, running a backlog's message, with another waiting."""
     worker = Worker(processes=1)
     worker.offer("late 1")
     worker.offer("late 2")
+    return worker
+
+
+def test_a_busy_worker_asks_ahead_of_the_eta_and_holds_the_process_freed_for_the_request():
+    worker = busy_with_a_backlog()
     eta = soon()
     worker.receive("on time", eta)
     assert not on_time_first.should_give_way()  # not before ASK_AHEAD
@@ -173,9 +179,7 @@ def test_a_busy_worker_asks_ahead_of_the_eta_and_holds_the_process_freed_for_the
 
 
 def test_a_request_whose_eta_comes_before_the_process_takes_the_place_asked_for_it():
-    worker = Worker(processes=1)
-    worker.offer("late 1")
-    worker.offer("late 2")
+    worker = busy_with_a_backlog()
     eta = soon()
     worker.receive("on time", eta)
     worker.timer.fire(limit=1.0)
@@ -199,9 +203,7 @@ def test_nothing_is_asked_ahead_while_a_process_is_free():
 
 
 def test_a_process_held_for_a_request_that_does_not_come_goes_back_to_the_pool():
-    worker = Worker(processes=1)
-    worker.offer("late 1")
-    worker.offer("late 2")
+    worker = busy_with_a_backlog()
     worker.receive("dropped", soon())
     worker.timer.fire(limit=1.0)
     worker.one_process_frees()
