@@ -8,7 +8,7 @@ and waited for every batch ahead of it, then for a process to finish one (docs:
 explanation/benchmarks).
 
 So, in the worker's main process, a request of timeouts' that carries an ETA goes to the front of
-that queue (after those claimed on time before it), and asks, through memory shared with the pool
+that queue (after those claimed on time that are due before it), and asks, through memory shared with the pool
 processes, for one process to give way. A backlog's batch answers between two of its tasks (one
 batch for each ask): it passes the rest on (GiveWay), which frees its process for the request
 within one handler's time. A process that frees by itself meanwhile takes the request, and the ask
@@ -42,8 +42,8 @@ ASK_LIFETIME = 0.5
 # way then falls before the ETA, as long as it takes less. The process freed meanwhile waits idle
 # for the request, so this is what a backlog pays for each task claimed on time beside it.
 ASK_AHEAD = 0.004
-# Seconds a process freed ahead waits for its request before it goes back to the pool: the request
-# comes within ASK_AHEAD, unless Celery dropped it.
+# Seconds after an ask ahead at which the process freed for it, if its request has not come, goes
+# back to the pool: the request comes within ASK_AHEAD, unless Celery dropped it.
 HOLD_LIMIT = 0.5
 
 # [processes asked to give way, the time.monotonic() until which they are asked], created in the
@@ -115,6 +115,9 @@ def _received(sender=None, request=None, **kwargs):
     worker = getattr(consumer, "controller", None)
     if _asks is None or worker is None or _waiting_of(worker) is None or not _claimed_on_time(request):
         return
+    # Delivered again: Celery dropped the request and cleared its semaphore, which forgot any process
+    # held for it, so the old ask is forgotten too.
+    _ahead.pop(request.id, None)
     eta = request.eta.timestamp()
     until_ask = eta - ASK_AHEAD - time.time()
     if until_ask > 0:
@@ -172,7 +175,9 @@ class _Waiter:
             self.holding = True
 
     def let_go(self):
-        """The request did not come (Celery dropped it): its process goes back to the pool."""
+        """The request did not come (Celery dropped it): its process goes back to the pool. If
+        Celery cleared its semaphore meanwhile, that release is one too many: one message more than
+        there are free processes goes to the pool, where it waits for one."""
         if _ahead.get(self.request_id) is self:
             del _ahead[self.request_id]
             if self.holding:

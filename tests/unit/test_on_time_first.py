@@ -217,3 +217,21 @@ def test_a_message_that_arrives_after_its_eta_asks_nothing_ahead():
     worker.offer("late 1")
     worker.receive("on time", datetime.now(UTC) - timedelta(seconds=1))
     assert worker.timer.entries == [] and not on_time_first.should_give_way()
+
+
+def test_a_message_delivered_again_after_celery_dropped_it_asks_afresh():
+    worker = busy_with_a_backlog()
+    eta = soon()
+    worker.receive("on time", eta)
+    worker.timer.fire(limit=1.0)
+    assert on_time_first.should_give_way()
+    worker.one_process_frees()  # held for the request
+    worker.semaphore.clear()  # the broker connection is lost: Celery drops its queued requests
+    worker.handed.clear()
+    worker.offer("late, taken again")  # the process that was held is free again
+    worker.receive("on time", eta)  # the message comes again, with its ETA
+    worker.timer.fire(limit=1.0)
+    assert on_time_first.should_give_way()
+    worker.one_process_frees()
+    worker.offer("on time", eta=eta)
+    assert worker.handed == ["late, taken again", "on time"]
