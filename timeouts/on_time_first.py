@@ -113,7 +113,11 @@ def _received(sender=None, request=None, **kwargs):
     claimed a lead ahead): set the time to ask for a process for it."""
     consumer = sender
     worker = getattr(consumer, "controller", None)
-    if _asks is None or worker is None or _waiting_of(worker) is None or not _claimed_on_time(request):
+    # Not for DurableTask calls (StartingRequest): their starts are recorded ahead by the main
+    # process, and with processes held for them a worker killed -9 ran some calls twice
+    # (docs: explanation/benchmarks).
+    if _asks is None or worker is None or _waiting_of(worker) is None or request.eta is None \
+            or request.name not in (RUN, RUN_BATCH):
         return
     # Delivered again: Celery dropped the request and cleared its semaphore, which forgot any process
     # held for it, so the old ask is forgotten too.

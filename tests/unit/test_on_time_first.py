@@ -42,10 +42,10 @@ class Worker:
         """The request reaches the pool's intake (at its ETA, if it has one)."""
         self._process_task_sem(request(label, name, eta))
 
-    def receive(self, label, eta):
+    def receive(self, label, eta, name=RUN_BATCH):
         """The message arrives, ahead of its ETA."""
         on_time_first._received(sender=SimpleNamespace(controller=self, timer=self.timer),
-                                request=request(label, RUN_BATCH, eta))
+                                request=request(label, name, eta))
 
     def one_process_frees(self):
         self.semaphore.release()
@@ -235,3 +235,9 @@ def test_a_message_delivered_again_after_celery_dropped_it_asks_afresh():
     worker.one_process_frees()
     worker.offer("on time", eta=eta)
     assert worker.handed == ["late, taken again", "on time"]
+
+
+def test_a_durable_task_call_asks_nothing_ahead():
+    worker = busy_with_a_backlog()
+    worker.receive("a call", soon(), name="orders.close")
+    assert worker.timer.entries == [] and not on_time_first.should_give_way()
