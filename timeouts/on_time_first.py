@@ -116,8 +116,7 @@ def _received(sender=None, request=None, **kwargs):
     # Not for DurableTask calls (StartingRequest): their starts are recorded ahead by the main
     # process, and with processes held for them a worker killed -9 ran some calls twice
     # (docs: explanation/benchmarks).
-    if _asks is None or worker is None or _waiting_of(worker) is None or request.eta is None \
-            or request.name not in (RUN, RUN_BATCH):
+    if _asks is None or worker is None or _waiting_of(worker) is None or not _a_batch_claimed_ahead(request):
         return
     # Delivered again: Celery dropped the request and cleared its semaphore, which forgot any process
     # held for it, so the old ask is forgotten too.
@@ -219,6 +218,8 @@ def _waiting_first(waiting) -> int:
 
 
 def _claimed_on_time(request) -> bool:
-    if request.eta is None:
-        return False
-    return request.name in (RUN, RUN_BATCH) or isinstance(request, StartingRequest)
+    return _a_batch_claimed_ahead(request) or (request.eta is not None and isinstance(request, StartingRequest))
+
+
+def _a_batch_claimed_ahead(request) -> bool:
+    return request.eta is not None and request.name in (RUN, RUN_BATCH)
