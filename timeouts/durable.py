@@ -149,6 +149,9 @@ def _run_fenced(task, fence, body, args, kwargs):
         wait = started_ahead["not_before"] - time.monotonic()
         if wait > 0:  # run_at by the database clock
             time.sleep(wait)
+        # Recorded as starting at run_at, but the body starts now, later if the call waited for a
+        # process: its lateness, and its started_at once its outcome is recorded.
+        row.started_at = row.run_at + timedelta(seconds=max(0.0, time.monotonic() - started_ahead["not_before"]))
     else:
         with own_connection.used(shard):
             # Not started ahead (received late, or the main process's start did not answer in
@@ -206,7 +209,8 @@ def _end(row, shard, key, attempt, status, error):
     from . import events, own_connection, running
 
     _heartbeat.remove(shard, key)
-    params = {**key, "attempt": attempt, "status": int(status), "error": running.error_text(error)}
+    params = {**key, "attempt": attempt, "status": int(status), "error": running.error_text(error),
+              "started_at": row.started_at}
     try:
         with own_connection.used(shard):
             matched = running.record_outcome("end_call", params)

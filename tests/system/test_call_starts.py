@@ -6,11 +6,15 @@ import time
 
 import pytest
 from django.db import connection
+from django.test import override_settings
+from django.urls import path
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests import processes
 from tests.system.test_dispatcher import dispatcher_process
 from tests.system.test_durable_task import calls, cancel_racing_due_times, settled
 from tests.testapp import tasks
+from timeouts import metrics
 from timeouts.models import TimeoutTask
 
 Status = TimeoutTask.Status
@@ -18,6 +22,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 # Well inside call_starts.START_AHEAD: the worker holds each message this long before its eta.
 LEAD = "0.8"
+# Seconds the slow calls keep every pool process busy: from before a call's eta to well after it.
+BUSY_FOR = 1.5
+urlpatterns = [path("metrics/timeouts", metrics.metrics_view)]
 
 
 def started_before_due() -> int:
@@ -72,3 +79,34 @@ def test_a_true_cancel_racing_a_start_ahead_never_runs(worker, runs):
         # Every other call, from before its claim to after its due time, while it is claimed,
         # published, held by the worker, started ahead and run.
         cancel_racing_due_times(runs, lead=3, offsets=[-0.4, -0.2, -0.15, -0.1, -0.05, -0.01, 0.0, 0.01])
+
+
+@pytest.mark.timeout(90)
+@override_settings(ROOT_URLCONF=__name__)
+def test_a_call_started_ahead_that_waits_for_a_process_counts_its_true_lateness(client, broker, runs, tmp_path,
+                                                                                  monkeypatch):
+    """Its start is recorded ahead as at run_at, but its body starts only when a process frees: that
+    later time is its lateness, in the metrics at once and on its row once it has ended."""
+    worker = processes.celery_worker(env=processes.django_env(PROMETHEUS_MULTIPROC_DIR=tmp_path), name="busy-worker")
+    try:
+        processes.wait_for_worker(worker)
+        with dispatcher_process("dispatcher", "--lead", LEAD):
+            tasks.record.apply_async(("late",), countdown=2)
+            processes.wait_for(lambda: started_before_due() == 1, 30, interval=0.01,
+                               message="the call started before its eta")
+            for _ in range(2):  # every pool process, from before the eta until well after it
+                tasks.slow.delay(BUSY_FOR)
+            processes.wait_for(lambda: settled() and runs.count() == 3, 30, message="the call and the slow ones")
+        monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+        text = client.get("/metrics/timeouts").content.decode()
+    finally:
+        processes.stop(worker)
+    row = calls().get(biz_type="celery:tests.durable.record")
+    body_started_at = next(started_at for task_id, *_, started_at in runs.all() if task_id == row.biz_id)
+    late = (body_started_at - row.action_time).total_seconds()
+    assert late > 0.5, late  # it did wait for a process
+    assert abs((row.started_at - body_started_at).total_seconds()) < 0.1, (row.started_at, body_started_at)
+    samples = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.labels.get("biz_type") == "celery:tests.durable.record" and "le" not in s.labels}
+    assert samples["timeouts_lateness_seconds_count"] == 1
+    assert abs(samples["timeouts_lateness_seconds_sum"] - late) < 0.1, (samples, late)

@@ -487,9 +487,11 @@ RETURNING job_id;
 -- requeue it). `status` is one of those two. Committed without waiting for the WAL flush, as
 -- finish_task and for the same reason: an outcome a database crash loses leaves the call RUNNING
 -- until its lease runs out, and it runs again (at least once), while the pool process that ran it
--- is free a disk flush sooner for the next call due.
+-- is free a disk flush sooner for the next call due. `started_at` is when the body started: a start
+-- recorded ahead (call_starts.py) wrote run_at, and the body may have waited for a process since.
 UPDATE timeouts_task
-SET status = %(status)s, finished_at = c.now, modified_at = c.now, lease_until = NULL, last_error = %(error)s
+SET status = %(status)s, finished_at = c.now, modified_at = c.now, lease_until = NULL, last_error = %(error)s,
+    started_at = %(started_at)s
 FROM (SELECT clock_timestamp() AS now, set_config('synchronous_commit', 'off', true)) AS c
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s
   AND (status, attempts) IS NOT DISTINCT FROM (:RUNNING, %(attempt)s) AND %(status)s IN (:DONE, :DEAD)
