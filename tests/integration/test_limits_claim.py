@@ -3,6 +3,7 @@ concurrency limit counts what is claimed or running, a rate limit is a token buc
 tasks wait PENDING (late, never lost); and all of it holds with several claimers at once, each on
 its own connection, and when a pause races a claim."""
 
+import itertools
 import threading
 import time
 from collections import Counter
@@ -114,17 +115,21 @@ def test_the_handlers_own_limits_apply_once_declared():
         registry.unregister("test.declared")
 
 
-def claim_in_threads(n_threads, rounds, pause=0.0):
-    """Claims from n_threads threads (each its own connection) at once; returns every claim."""
+def claim_in_threads(n_threads, rounds, pause=0.0, took=None):
+    """Claims from n_threads threads (each its own connection) at once; returns every claim, and
+    adds to `took` how long each round (a claim and the pause) took."""
     claimed, errors = [], []
+    took = [] if took is None else took
     barrier = threading.Barrier(n_threads)
 
     def claimer():
         try:
             barrier.wait()
             for _ in range(rounds):
+                began = time.monotonic()
                 claimed.extend(claim_due(50))
                 time.sleep(pause)
+                took.append(time.monotonic() - began)
         except Exception as exc:  # reported below
             errors.append(exc)
         finally:
@@ -151,10 +156,19 @@ def test_a_concurrency_limit_holds_across_claimers_at_once():
 def test_a_rate_limit_holds_across_claimers_at_once():
     backlog("test.record", 1000)
     timeouts.set_limits("test.record", rate_limit=10)
+    took = []
     started = time.monotonic()
-    claimed = claim_in_threads(6, rounds=10, pause=0.05)
-    elapsed = time.monotonic() - started
-    assert 1 + 10 * (elapsed - 0.5) <= len(claimed) <= 1 + 10 * elapsed + 1  # the burst of one, then the rate
+    claimed = claim_in_threads(6, rounds=10, pause=0.05, took=took)
+    elapsed, round_ = time.monotonic() - started, max(took)
+    times = sorted(claim.claimed_at for claim in claimed)  # each claim's now(), which its tokens count from
+    gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(times)]
+    # The burst of one, then never more than one claim a tenth of a second, by the database clock.
+    assert min(gaps) >= 0.1 - 1e-6, gaps
+    # Nor fewer, but for the claimers' own pace: a token waits for the next claim that finds it, and
+    # a claim that overlapped the one before leaves the biz_type alone, so within two rounds (a
+    # claim and the pause: 0.06-0.27 s on 2-vCPU machines), from the first round to the last.
+    assert max(gaps) <= 0.1 + 2 * round_, (gaps, round_)
+    assert len(claimed) >= 1 + (elapsed - 2 * round_) / (0.1 + 2 * round_), (len(claimed), elapsed, round_)
 
 
 def test_a_pause_racing_a_claim_leaves_nothing_claimed_after_it_commits():
