@@ -23,13 +23,11 @@ WITH RECURSIVE
 held AS MATERIALIZED (
     SELECT l.biz_type, l.paused, l.tokens, l.refilled_at,
            -- this shard's part of them, as claim_due reads it
-           timeouts_rate_part(f.rate_limit, l.rate_share, %(shard_count)s::integer) AS rate_limit,
-           timeouts_concurrency_part(f.concurrency, l.concurrency_share, %(shard_index)s::integer,
+           timeouts_rate_part(l.rate_limit_in_force, l.rate_share, %(shard_count)s::integer) AS rate_limit,
+           timeouts_concurrency_part(l.concurrency_in_force, l.concurrency_share, %(shard_index)s::integer,
                                      %(shard_count)s::integer) AS concurrency
-    FROM timeouts_limits AS l,
-         LATERAL (SELECT CASE WHEN l.overridden THEN l.rate_limit ELSE l.declared_rate_limit END AS rate_limit,
-                         CASE WHEN l.overridden THEN l.concurrency ELSE l.declared_concurrency END AS concurrency) AS f
-    WHERE l.paused OR f.rate_limit IS NOT NULL OR f.concurrency IS NOT NULL
+    FROM timeouts_limits AS l
+    WHERE l.paused OR l.rate_limit_in_force IS NOT NULL OR l.concurrency_in_force IS NOT NULL
 ),
 pending_types AS (
     SELECT ''::varchar AS biz_type, NULL::timestamptz AS run_at

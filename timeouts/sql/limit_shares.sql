@@ -10,11 +10,10 @@
 -- count_overdue_of_biz_type). Claimed or running tasks are counted for every biz_type at once,
 -- from the lease index, as claim_due counts them.
 WITH limited AS MATERIALIZED (
-    SELECT l.biz_type, f.rate_limit, f.concurrency, l.rate_share, l.concurrency_share
-    FROM timeouts_limits AS l,
-         LATERAL (SELECT CASE WHEN l.overridden THEN l.rate_limit ELSE l.declared_rate_limit END AS rate_limit,
-                         CASE WHEN l.overridden THEN l.concurrency ELSE l.declared_concurrency END AS concurrency) AS f
-    WHERE NOT l.paused AND (f.rate_limit IS NOT NULL OR f.concurrency IS NOT NULL)
+    SELECT l.biz_type, l.rate_limit_in_force AS rate_limit, l.concurrency_in_force AS concurrency, l.rate_share,
+           l.concurrency_share
+    FROM timeouts_limits AS l
+    WHERE NOT l.paused AND (l.rate_limit_in_force IS NOT NULL OR l.concurrency_in_force IS NOT NULL)
 ),
 in_flight AS (
     SELECT biz_type, count(*) AS n FROM timeouts_task

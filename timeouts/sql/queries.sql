@@ -181,12 +181,10 @@ due_types AS (
 -- together stay within the deployment's limit.
 seen AS MATERIALIZED (
     SELECT l.biz_type, l.xmin AS version, l.paused,
-           timeouts_rate_part(f.rate_limit, l.rate_share, %(shard_count)s::integer) AS rate_limit,
-           timeouts_concurrency_part(f.concurrency, l.concurrency_share, %(shard_index)s::integer,
+           timeouts_rate_part(l.rate_limit_in_force, l.rate_share, %(shard_count)s::integer) AS rate_limit,
+           timeouts_concurrency_part(l.concurrency_in_force, l.concurrency_share, %(shard_index)s::integer,
                                      %(shard_count)s::integer) AS concurrency
-    FROM timeouts_limits AS l JOIN due_types USING (biz_type),
-         LATERAL (SELECT CASE WHEN l.overridden THEN l.rate_limit ELSE l.declared_rate_limit END AS rate_limit,
-                         CASE WHEN l.overridden THEN l.concurrency ELSE l.declared_concurrency END AS concurrency) AS f
+    FROM timeouts_limits AS l JOIN due_types USING (biz_type)
 ),
 limited AS (
     SELECT * FROM seen WHERE paused OR rate_limit IS NOT NULL OR concurrency IS NOT NULL
@@ -547,16 +545,15 @@ WHERE t.job_id = r.job_id AND t.action_time = r.action_time AND t.status = :RUNN
 RETURNING t.job_id;
 
 
--- The limits and pauses of biz_types (timeouts/isolation.py), in timeouts_limits. What is in force:
--- set_limits()' values when overridden, else the handler's declared ones. A change that may let
+-- The limits and pauses of biz_types (timeouts/isolation.py), in timeouts_limits. What is in force
+-- (set_limits()' values when overridden, else the handler's declared ones) is in its columns
+-- rate_limit_in_force and concurrency_in_force (sql/0007_limits_in_force.sql). A change that may let
 -- tasks be claimed sooner wakes the dispatchers (with "now" as the deadline), so it applies at once.
 -- A write reads the clock for the row it inserts: the upsert's update takes that reading from
 -- `excluded`, and the NOTIFY's "now" is the row's modified_at.
 
 -- name: limits_of
-SELECT CASE WHEN overridden THEN rate_limit ELSE declared_rate_limit END AS rate_limit,
-       CASE WHEN overridden THEN concurrency ELSE declared_concurrency END AS concurrency,
-       paused
+SELECT rate_limit_in_force AS rate_limit, concurrency_in_force AS concurrency, paused
 FROM timeouts_limits
 WHERE biz_type = %(biz_type)s;
 

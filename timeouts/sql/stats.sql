@@ -216,12 +216,11 @@ GROUP BY s.bucket;
 -- The limits and pauses stored per biz_type (timeouts.limits; one small row each): in force, the
 -- override when there is one, else what the handler declares; and this shard's part of them, as
 -- its claims read it (sql/0006_limit_shares.sql).
-SELECT l.biz_type, l.declared_rate_limit, l.declared_concurrency, l.overridden, l.paused, f.rate_limit, f.concurrency,
-       timeouts_rate_part(f.rate_limit, l.rate_share, %(shard_count)s::integer) AS rate_part,
-       timeouts_concurrency_part(f.concurrency, l.concurrency_share, %(shard_index)s::integer,
+SELECT l.biz_type, l.declared_rate_limit, l.declared_concurrency, l.overridden, l.paused,
+       l.rate_limit_in_force AS rate_limit, l.concurrency_in_force AS concurrency,
+       timeouts_rate_part(l.rate_limit_in_force, l.rate_share, %(shard_count)s::integer) AS rate_part,
+       timeouts_concurrency_part(l.concurrency_in_force, l.concurrency_share, %(shard_index)s::integer,
                                  %(shard_count)s::integer) AS concurrency_part
-FROM timeouts_limits AS l,
-     LATERAL (SELECT CASE WHEN l.overridden THEN l.rate_limit ELSE l.declared_rate_limit END AS rate_limit,
-                     CASE WHEN l.overridden THEN l.concurrency ELSE l.declared_concurrency END AS concurrency) AS f
+FROM timeouts_limits AS l
 ORDER BY l.biz_type
 LIMIT %(limit)s;
