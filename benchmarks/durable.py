@@ -226,7 +226,7 @@ def _twice(expected, starts, killed_at, restarted_at) -> dict:
         if key in expected:
             times.setdefault(key, []).append(started_at.timestamp())
     twice = [sorted(t) for t in times.values() if len(t) > 1]
-    at_kill = [t[0] for t in twice if len(t) == 2 and t[0] < killed_at <= restarted_at <= t[1]]
+    at_kill = [t[0] for t in twice if len(t) == 2 and t[0] < killed_at and t[1] >= restarted_at]
     before_kill = max((killed_at - t) * 1000.0 for t in at_kill) if at_kill else None
     return {"duplicates_at_kill": len(at_kill),
             "duplicates_other": sum(len(t) - 1 for t in twice) - len(at_kill),
