@@ -216,17 +216,19 @@ def _late(expected, starts, outage_from, outage_to) -> dict:
 
 
 def _twice(expected, starts, killed_at, restarted_at) -> dict:
-    """Calls run twice: those running when every worker was killed (a first start before the kill,
-    the next after the restart), which may run twice (at least once: the kill came before their
-    outcome was recorded), and the others, which are a fault of the fence.
-    `twice_started_before_kill_ms` is the longest time from such a first start to the kill: the
-    length of a run, if they were running."""
+    """Calls run twice: those running when every worker was killed (a first start by the killed
+    worker, the next by the new one), which may run twice (at least once: the kill came before their
+    outcome was recorded), and the others, which are a fault of the fence. The killed worker's
+    starts are those before the restart: killed_at is read just before the signal, which its
+    processes take a moment to receive, and no worker runs from then until the restart.
+    `twice_started_before_kill_ms` is the longest time from such a first start to killed_at: the
+    length of a run, if they were running (negative: started in that moment)."""
     times = {}
     for key, started_at in starts:
         if key in expected:
             times.setdefault(key, []).append(started_at.timestamp())
     twice = [sorted(t) for t in times.values() if len(t) > 1]
-    at_kill = [t[0] for t in twice if len(t) == 2 and t[0] < killed_at and t[1] >= restarted_at]
+    at_kill = [t[0] for t in twice if len(t) == 2 and t[0] < restarted_at <= t[1]]
     before_kill = max((killed_at - t) * 1000.0 for t in at_kill) if at_kill else None
     return {"duplicates_at_kill": len(at_kill),
             "duplicates_other": sum(len(t) - 1 for t in twice) - len(at_kill),

@@ -27,3 +27,13 @@ def test_calls_run_twice_on_one_side_of_the_kill_are_counted_apart():
     out = _twice(expected, starts, killed_at=at(10).timestamp(), restarted_at=at(15).timestamp())
 
     assert out == {"duplicates_at_kill": 0, "duplicates_other": 4, "twice_started_before_kill_ms": None}
+
+
+def test_a_call_started_as_the_signal_was_sent_ran_twice_at_the_kill():
+    """killed_at is read just before the signal: the killed worker may still start a call after it."""
+    expected = {1: at(0)}
+    starts = [(1, at(10.002)), (1, at(16))]
+
+    out = _twice(expected, starts, killed_at=at(10).timestamp(), restarted_at=at(15).timestamp())
+
+    assert out == {"duplicates_at_kill": 1, "duplicates_other": 0, "twice_started_before_kill_ms": -2.0}
