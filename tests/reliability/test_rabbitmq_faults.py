@@ -11,8 +11,9 @@ worker exited once in 7 runs (Celery 5.7, restarted by the supervisor); none of 
 repeated in those runs.
 
 Sizes follow TIMEOUTS_RELIABILITY_SCALE (1.0: 3,000 tasks scheduled over 40 s, 1,000 calls due over
-60 s, a 20 s stop). Run with -s to see what it observed; the numbers also go to
-var/test-logs/reliability/<test>/numbers.json.
+60 s, a 20 s stop, and 600 more tasks scheduled over 10 s from just before the kill, so that tasks
+fall due across it however long the stop and its backlog took). Run with -s to see what it
+observed; the numbers also go to var/test-logs/reliability/<test>/numbers.json.
 """
 
 import psutil
@@ -31,6 +32,7 @@ pytestmark = [pytest.mark.reliability, pytest.mark.slow]
 
 SETTINGS = "tests.reliability.settings_calls"
 SPREAD = 40.0  # seconds over which the tasks are scheduled
+CRASH_SPREAD = 10.0  # seconds over which the tasks scheduled from the kill are
 CALLS_WINDOW = 60.0  # seconds over which the calls fall due: past the stop, into the kill
 # Prefork, as in most deployments. A `-P threads` worker (Celery 5.7, py-amqp 5.4), twice out of two
 # runs, reconnected after the clean stop and then consumed nothing until the AMQP heartbeat (120 s)
@@ -71,6 +73,7 @@ def test_a_rabbitmq_node_stopped_then_killed_under_load_loses_and_duplicates_not
         rabbitmq_system, rabbitmq_node, sut_database, oracle, log_dir):
     system, node = rabbitmq_system, rabbitmq_node
     total, calls, outage = scaled(3_000, 300), scaled(1_000, 100), scaled(20, 5)
+    crash_total = scaled(600, 60)
     timeline = Timeline(oracle, log_dir, "rabbitmq stop + kill")
     workers = WorkerSupervisor(system, **POOL)
     system.dispatcher()
@@ -93,7 +96,12 @@ def test_a_rabbitmq_node_stopped_then_killed_under_load_loses_and_duplicates_not
         # 2. A crash: killed, and started again at once.
         wait_for(lambda: oracle.run_count() >= 0.6 * total and call_runs(oracle) >= 0.5 * calls, 300, interval=0.5,
                  message="60% of the tasks and half of the calls to run")
-        runs_at_kill = call_runs(oracle)
+        runs_at_kill, task_runs_at_kill = call_runs(oracle), oracle.run_count()
+        # On a slow machine the stop and its backlog can outlast the first burst, which has then run
+        # to its end: tasks scheduled from here fall due across the crash, so there is a run to wait for.
+        crash_burst = BurstScheduler(sut_database.url, oracle.dsn, crash_total, delay=(0.2, 2.0),
+                                     rate=crash_total / CRASH_SPREAD, prefix="crash")
+        crash_burst.start()
         timeline.mark("kill")
         node.kill()
         node.start()
@@ -102,6 +110,7 @@ def test_a_rabbitmq_node_stopped_then_killed_under_load_loses_and_duplicates_not
 
         wait_stored(system, storer, 300)
         burst.join_checked(600)
+        crash_burst.join_checked(600)
         system.wait_until_final(timeout=600)
         died = gone(oracle)
     finally:
@@ -112,8 +121,9 @@ def test_a_rabbitmq_node_stopped_then_killed_under_load_loses_and_duplicates_not
     print(report)
     print(calls_report)
     timeline.numbers(
-        tasks=burst.committed, runs=report.counts["runs"], calls=calls_report.stored, call_runs=calls_report.runs,
-        call_runs_at_kill=runs_at_kill, outage_s=outage, stop_first_run_s=stop_first_run_s,
+        tasks=burst.committed + crash_burst.committed, runs=report.counts["runs"], calls=calls_report.stored,
+        call_runs=calls_report.runs, task_runs_at_kill=task_runs_at_kill, call_runs_at_kill=runs_at_kill,
+        outage_s=outage, stop_first_run_s=stop_first_run_s,
         stop_backlog_done_s=timeline.backlog_done_after("stop_up"), kill_first_run_s=kill_first_run_s,
         kill_backlog_done_s=timeline.backlog_done_after("kill_up"),
         worker_restarts=workers.restarts, worker_exit_codes=workers.exit_codes,
@@ -130,5 +140,5 @@ def test_a_rabbitmq_node_stopped_then_killed_under_load_loses_and_duplicates_not
     report.assert_clean(max_duplicates=len(died))
     calls_report.assert_clean(died_mid_run=died)
     assert len(report.duplicates) + len(calls_report.duplicates) <= len(died)
-    assert report.counts["jobs run"] == report.counts["committed"] == total
+    assert report.counts["jobs run"] == report.counts["committed"] == total + crash_total
     assert calls_report.stored == calls
