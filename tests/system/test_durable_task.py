@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import psutil
 import pytest
+import redis
 from celery.result import AsyncResult
 from django.db import transaction
 
@@ -173,14 +174,38 @@ def test_a_kept_result_is_returned_by_async_result_get(transactional_db, broker,
 
 @pytest.mark.timeout(120)
 def test_a_worker_killed_with_calls_pending_loses_none(worker, runs):
+    kill_with_calls_pending(worker, runs, processes.django_env())
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_without_ack_emulation_killed_with_calls_pending_loses_none(broker, runs):
+    """kombu's Redis transport then keeps no copy of the messages a worker holds: the database's
+    leases bring them back, as they do with it (its copies come back after visibility_timeout)."""
+    broker.flushdb()
+    env = processes.django_env(DJANGO_SETTINGS_MODULE="tests.settings_without_ack_emulation")
+
+    def holds_no_copies():
+        if isinstance(broker, redis.Redis):  # kombu's hash of the messages workers hold
+            assert not broker.hlen("unacked")
+
+    worker = processes.celery_worker(env=env)
+    try:
+        processes.wait_for_worker(worker)
+        kill_with_calls_pending(worker, runs, env, before_kill=holds_no_copies)
+    finally:
+        processes.stop(worker)
+
+
+def kill_with_calls_pending(worker, runs, env, before_kill=lambda: None):
     count = 200
     results = [tasks.record.apply_async((i,), countdown=1 + i / 100) for i in range(count)]
     slow = tasks.slow.apply_async((30,), countdown=0.2)
     scan_until(lambda: runs.count() >= 50, 30, "some calls to run")
+    before_kill()
     for process in psutil.Process(worker.pid).children(recursive=True) + [psutil.Process(worker.pid)]:
         os.kill(process.pid, signal.SIGKILL)
     worker.wait(10)
-    replacement = processes.celery_worker(env=processes.django_env(), name="replacement")
+    replacement = processes.celery_worker(env=env, name="replacement")
     try:
         # The calls the killed worker had started or prefetched run again once their lease (the
         # tasks' ttr: 3 and 5 s) runs out.
