@@ -22,11 +22,14 @@ Whatever happens, the compare-and-set is run once, by one process, for each mess
 - refused (a stale message, a cancel that won, a run_at further ahead than START_AHEAD): the
   pool process tries the compare-and-set itself, and drops the message as it always has.
 
-A start recorded ahead is for a message the worker holds unacknowledged. When the worker shuts
-down before the eta, the broker delivers the message again, but its attempt is taken: the
-`worker_shutdown` receiver gives those starts back (`give_back_call_starts`), so the call is
-published again at once rather than when its lease runs out. A worker killed outright cannot:
-its calls run again once their leases run out, as those of a worker lost mid-run do.
+A start recorded ahead is for a message the worker holds unacknowledged. When the worker drops
+the messages it holds for their eta (it shuts down, or its broker connection is lost: Celery
+clears them, since they cannot be acknowledged on a new connection), the broker delivers them
+again, or never (Redis without ack emulation), but their attempts are taken. The consumer step
+`GiveBackStarts` gives those starts back (`give_back_call_starts`) whenever the consumer stops,
+so each call is published again at once rather than when its lease runs out, and a start given
+back is never handed to a pool process. A worker killed outright cannot: its calls run again once
+their leases run out, as those of a worker lost mid-run do.
 """
 
 import logging
@@ -36,7 +39,7 @@ import time
 from collections import deque
 from datetime import datetime
 
-from celery.signals import worker_shutdown
+from celery import bootsteps
 from celery.worker.request import Request
 
 from .celery_calls import FENCE_HEADER, params_by_shard
@@ -92,7 +95,9 @@ class _Start:
     def __init__(self, fence):
         self.fence = fence
         self.lock = threading.Lock()
-        self.state = "waiting"  # then "starting" and "answered", or "abandoned"
+        # then "starting" and "answered", or "abandoned" (the pool process starts it), or
+        # "given back" (the worker dropped the message)
+        self.state = "waiting"
         self.started = None  # what the pool process gets: {"row": ..., "not_before": ...}
         self.answered = threading.Event()
 
@@ -103,13 +108,27 @@ class _Start:
             self.state = "starting"
             return True
 
-    def answer(self, started):
+    def answer(self, started) -> bool:
+        """Record the answer; False if the start was given back meanwhile (the caller then gives
+        back what it recorded)."""
         with self.lock:
-            self.started, self.state = started, "answered"
+            kept = self.state == "starting"
+            if kept:
+                self.started, self.state = started, "answered"
         self.answered.set()
+        return kept
+
+    def give_back(self):
+        """The recorded start to give back, or None; never handed over after this."""
+        with self.lock:
+            started = self.started if self.state == "answered" else None
+            self.started, self.state = None, "given back"
+        self.answered.set()
+        return started
 
     def take(self):
         """The recorded start, once; None when there is none (the pool process then starts it)."""
+        _starter.taken(self)
         with self.lock:
             if self.state == "waiting":
                 self.state = "abandoned"
@@ -119,8 +138,8 @@ class _Start:
             # the message, and the call runs again once its lease runs out (late, not lost).
             logger.warning("timeouts: no answer in %s s to the start of job %s", ANSWER_TIMEOUT, self.fence[0])
             return None
-        _starter.taken(self)
-        return self.started
+        with self.lock:
+            return self.started
 
 
 class _Starter:
@@ -129,7 +148,7 @@ class _Starter:
     def __init__(self):
         self.lock = threading.Lock()
         self.queue = deque()
-        self.waiting = set()  # started ahead, not handed over to a pool process yet
+        self.held = set()  # submitted, not handed over to a pool process yet
         self.wake = threading.Event()
         self.pid = None
 
@@ -137,6 +156,7 @@ class _Starter:
         start = _Start(fence)
         with self.lock:
             self.queue.append(start)
+            self.held.add(start)
             if self.pid != os.getpid():
                 self.pid = os.getpid()
                 threading.Thread(target=self._run, name="timeouts-call-starts", daemon=True).start()
@@ -145,7 +165,7 @@ class _Starter:
 
     def taken(self, start):
         with self.lock:
-            self.waiting.discard(start)
+            self.held.discard(start)
 
     def _run(self):
         while True:
@@ -158,28 +178,30 @@ class _Starter:
                     start = self.queue.popleft()
                 if start.begin():
                     started = _record(start.fence)
-                    if started is not None:
-                        with self.lock:
-                            self.waiting.add(start)
-                    start.answer(started)
+                    if not start.answer(started) and started is not None:
+                        _give_back([start.fence])
 
     def give_back(self):
-        """Give back the starts recorded for messages this worker will not run (it is stopping)."""
-        from . import own_connection
-        from .conf import notify_params
-        from .queries import fetch_dicts
-
+        """Give back the starts of every message the worker holds: it has dropped them all."""
         with self.lock:
-            starts, self.waiting = list(self.waiting), set()
-        calls = [(shard, job_id, action_time, attempt)
-                 for job_id, action_time, attempt, _, shard in (start.fence for start in starts)]
-        for shard, params in params_by_shard(calls).items():
-            try:
-                with own_connection.used(shard):
-                    fetch_dicts("give_back_call_starts", {**params, **notify_params()})
-            except Exception:
-                logger.exception("timeouts: could not give back %d calls started ahead; they run again "
-                                 "once their leases run out", len(params["job_ids"]))
+            starts, self.held = list(self.held), set()
+        # One being recorded now is given back by the thread, once its answer comes.
+        _give_back([start.fence for start in starts if start.give_back() is not None])
+
+
+def _give_back(fences):
+    from . import own_connection
+    from .conf import notify_params
+    from .queries import fetch_dicts
+
+    calls = [(shard, job_id, action_time, attempt) for job_id, action_time, attempt, _, shard in fences]
+    for shard, params in params_by_shard(calls).items():
+        try:
+            with own_connection.used(shard):
+                fetch_dicts("give_back_call_starts", {**params, **notify_params()})
+        except Exception:
+            logger.exception("timeouts: could not give back %d calls started ahead; they run again "
+                             "once their leases run out", len(params["job_ids"]))
 
 
 def _record(fence):
@@ -233,6 +255,15 @@ _database_clock = _DatabaseClock()
 _starter = _Starter()
 
 
-@worker_shutdown.connect(weak=False)
-def _give_back_on_shutdown(**kwargs):
-    _starter.give_back()
+class GiveBackStarts(bootsteps.StartStopStep):
+    """A step of the worker's consumer: when the consumer stops (the worker shuts down, or the broker
+    connection is lost and the consumer restarts), Celery drops the messages it holds for their
+    eta; the starts recorded for them are given back."""
+
+    label = "timeouts: give back calls started ahead"
+
+    def stop(self, consumer):
+        _starter.give_back()
+
+    def shutdown(self, consumer):
+        _starter.give_back()

@@ -11,6 +11,7 @@ from django.urls import path
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import processes
+from tests.brokers import drop_connections
 from tests.system.test_dispatcher import dispatcher_process
 from tests.system.test_durable_task import calls, cancel_racing_due_times, settled
 from tests.testapp import tasks
@@ -68,6 +69,24 @@ def test_a_stopping_worker_gives_back_the_calls_it_started_ahead(worker, runs):
             time.sleep(1)  # the message the stopped worker held, delivered again, is dropped
         finally:
             processes.stop(replacement)
+    assert [r[0] for r in runs.all()] == [result.id]
+    row = calls().get()
+    assert (row.status, row.attempts, row.last_error) == (Status.DONE, 1, "")
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_that_loses_its_broker_connection_gives_back_the_calls_it_started_ahead(worker, runs, broker):
+    """On a lost connection Celery drops the messages it holds for their eta (they cannot be
+    acknowledged on a new one). Their starts are given back, as at a shutdown: the call runs at
+    once, with its attempt unused, rather than once its lease runs out."""
+    with dispatcher_process("dispatcher", "--lead", LEAD):
+        result = tasks.record.apply_async(("connection lost",), countdown=3)
+        processes.wait_for(lambda: started_before_due() == 1, 30, interval=0.01,
+                           message="the call started before its eta")
+        drop_connections(broker)
+        assert runs.count() == 0
+        processes.wait_for(lambda: settled() and runs.count() == 1, 20, message="the call, once, within its lease")
+        time.sleep(1)  # a duplicate would show now
     assert [r[0] for r in runs.all()] == [result.id]
     row = calls().get()
     assert (row.status, row.attempts, row.last_error) == (Status.DONE, 1, "")

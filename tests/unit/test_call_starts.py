@@ -1,5 +1,6 @@
 """The hand-over between the worker's main-process thread that starts calls ahead and the timer
-that sends them to a pool process: each compare-and-set is run by one of the two, never both."""
+that sends them to a pool process: each compare-and-set is run by one of the two, never both, and
+a start given back (the worker dropped its message) is never handed over."""
 
 import threading
 import time
@@ -27,6 +28,30 @@ def test_a_refused_start_hands_over_nothing():
     start = _Start(FENCE)
     assert start.begin() is True
     start.answer(None)
+    assert start.take() is None
+
+
+def test_a_start_given_back_before_it_begins_is_never_run_nor_handed_over():
+    start = _Start(FENCE)
+    assert start.give_back() is None  # nothing recorded: nothing for the database
+    assert start.begin() is False
+    assert start.take() is None  # the pool process starts the call itself, if Celery still runs it
+
+
+def test_a_recorded_start_given_back_is_never_handed_over():
+    start = _Start(FENCE)
+    assert start.begin() is True
+    started = {"row": {"job_id": 1}, "not_before": 0.0}
+    assert start.answer(started) is True
+    assert start.give_back() == started
+    assert start.take() is None
+
+
+def test_a_start_given_back_while_being_recorded_is_left_to_the_thread_to_give_back():
+    start = _Start(FENCE)
+    assert start.begin() is True
+    assert start.give_back() is None  # its answer has not come yet
+    assert start.answer({"row": {"job_id": 1}, "not_before": 0.0}) is False  # the thread gives it back
     assert start.take() is None
 
 
