@@ -14,6 +14,9 @@ with it (`tests.processes.django_env()` hands that to every worker and dispatche
 yields an object with the `broker` fixture's one method, `flushdb()` (a no-op: the virtual host is
 new). Publisher confirms are on, as `timeouts.celery.setup()` turns them on for RabbitMQ.
 
+`drop_connections(broker)` cuts every client of the suite's Redis broker off, as a network failure
+would.
+
 RabbitMQ is found at TIMEOUTS_TEST_RABBITMQ_URL (default amqp://guest:guest@127.0.0.1:5672, the
 user that gets the rights on the virtual host); without it, or without `rabbitmqctl`, the tests are
 skipped with the reason.

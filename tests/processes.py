@@ -89,6 +89,17 @@ def wait_for_worker(process, message="the Celery worker", timeout=30):
 
 
 @contextmanager
+def running_worker(*, env, **options):
+    """A Celery worker (`celery_worker`), once it consumes; stopped when the block ends."""
+    process = celery_worker(env=env, **options)
+    try:
+        wait_for_worker(process)
+        yield process
+    finally:
+        stop(process)
+
+
+@contextmanager
 def scanning(interval):
     """The safety scan in a thread of this process, every `interval` seconds (as beat would run it,
     only faster), until the block ends."""

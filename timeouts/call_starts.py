@@ -40,6 +40,7 @@ from collections import deque
 from datetime import datetime
 
 from celery import bootsteps
+from celery.signals import worker_init
 from celery.worker.request import Request
 
 from .celery_calls import FENCE_HEADER, params_by_shard
@@ -265,5 +266,10 @@ class GiveBackStarts(bootsteps.StartStopStep):
     def stop(self, consumer):
         _starter.give_back()
 
-    def shutdown(self, consumer):
-        _starter.give_back()
+    shutdown = stop
+
+
+@worker_init.connect(dispatch_uid="timeouts.call_starts")
+def _add_consumer_step(sender=None, **kwargs):
+    """Before the worker builds its consumer, which reads its steps once."""
+    sender.app.steps["consumer"].add(GiveBackStarts)

@@ -31,7 +31,6 @@ from functools import partial
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry, TimeLimitExceeded
-from celery.signals import worker_init
 from celery.utils.time import maybe_make_aware
 from dateutil.parser import isoparse
 from django.db import DEFAULT_DB_ALIAS
@@ -46,12 +45,6 @@ logger = logging.getLogger(__name__)
 CELERY_INTERNAL = "celery."
 # timeouts' own tasks (timeouts.run, ...), DurableTask too under task_cls, are never called with an ETA.
 TIMEOUTS_OWN = "timeouts."
-
-
-@worker_init.connect(weak=False)
-def _add_consumer_step(sender, **kwargs):
-    # Before the worker builds its consumer, which reads its steps once (call_starts.py).
-    sender.app.steps["consumer"].add("timeouts.call_starts:GiveBackStarts")
 
 
 class DurableTask(Task):

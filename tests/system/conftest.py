@@ -17,12 +17,8 @@ from tests.testapp.tasks import CALLS_TABLE_SQL
 def worker(transactional_db, broker):
     """A real Celery worker (prefork, 2 processes) on the test database and broker."""
     broker.flushdb()
-    process = processes.celery_worker(env=processes.django_env())
-    try:
-        processes.wait_for_worker(process)
+    with processes.running_worker(env=processes.django_env()) as process:
         yield process
-    finally:
-        processes.stop(process)
 
 
 @pytest.fixture

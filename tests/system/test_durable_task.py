@@ -188,12 +188,8 @@ def test_a_worker_without_ack_emulation_killed_with_calls_pending_loses_none(bro
         if isinstance(broker, redis.Redis):  # kombu's hash of the messages workers hold
             assert not broker.hlen("unacked")
 
-    worker = processes.celery_worker(env=env)
-    try:
-        processes.wait_for_worker(worker)
+    with processes.running_worker(env=env) as worker:
         kill_with_calls_pending(worker, runs, env, before_kill=holds_no_copies)
-    finally:
-        processes.stop(worker)
 
 
 def kill_with_calls_pending(worker, runs, env, before_kill=lambda: None):
