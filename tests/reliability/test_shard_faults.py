@@ -47,12 +47,8 @@ def env(clusters):
 @pytest.fixture
 def worker(env, broker):
     broker.flushdb()
-    process = processes.celery_worker(env=env, name="worker-shards", concurrency=4)
-    try:
-        processes.wait_for_worker(process)
+    with processes.running_worker(env=env, name="worker-shards", concurrency=4) as process:
         yield process
-    finally:
-        processes.stop(process)
 
 
 def urls(clusters) -> dict[str, str]:

@@ -33,17 +33,15 @@ def test_a_worker_that_dies_inside_a_batch_gets_it_again_and_runs_the_rest_once(
     # One pool process, which exits right after its third compare-and-set; its replacement
     # counts from zero.
     env = processes.django_env(TIMEOUTS_FAULTS="run.after_start=exit#3")
-    worker = processes.celery_worker(env=env, name="worker-batch-crash", concurrency=1)
     try:
-        processes.wait_for_worker(worker)
-        tasks = schedule_due("test.record", 5)
-        publish(claim_due(10))  # one timeouts.run_batch message (RUN_BATCH_SIZE is 20)
-        # The third task's compare-and-set committed, then its process died before the handler.
-        processes.wait_for(lambda: starts.count() >= 4, 60, message="the batch, delivered again, to finish")
-        time.sleep(0.5)  # nothing more may start
-        assert Counter(job_id for job_id, *_ in starts.all()) == Counter(t.job_id for t in tasks if t != tasks[2])
-        statuses = [TimeoutTask.objects.get(pk=t.pk).status for t in tasks]
-        assert statuses == [Status.DONE, Status.DONE, Status.RUNNING, Status.DONE, Status.DONE]
+        with processes.running_worker(env=env, name="worker-batch-crash", concurrency=1):
+            tasks = schedule_due("test.record", 5)
+            publish(claim_due(10))  # one timeouts.run_batch message (RUN_BATCH_SIZE is 20)
+            # The third task's compare-and-set committed, then its process died before the handler.
+            processes.wait_for(lambda: starts.count() >= 4, 60, message="the batch, delivered again, to finish")
+            time.sleep(0.5)  # nothing more may start
+            assert Counter(job_id for job_id, *_ in starts.all()) == Counter(t.job_id for t in tasks if t != tasks[2])
+            statuses = [TimeoutTask.objects.get(pk=t.pk).status for t in tasks]
+            assert statuses == [Status.DONE, Status.DONE, Status.RUNNING, Status.DONE, Status.DONE]
     finally:
-        processes.stop(worker)
         broker.flushdb()

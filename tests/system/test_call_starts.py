@@ -106,9 +106,7 @@ def test_a_call_started_ahead_that_waits_for_a_process_counts_its_true_lateness(
                                                                                   monkeypatch):
     """Its start is recorded ahead as at run_at, but its body starts only when a process frees: that
     later time is its lateness, in the metrics at once and on its row once it has ended."""
-    worker = processes.celery_worker(env=processes.django_env(PROMETHEUS_MULTIPROC_DIR=tmp_path), name="busy-worker")
-    try:
-        processes.wait_for_worker(worker)
+    with processes.running_worker(env=processes.django_env(PROMETHEUS_MULTIPROC_DIR=tmp_path), name="busy-worker"):
         with dispatcher_process("dispatcher", "--lead", LEAD):
             tasks.record.apply_async(("late",), countdown=2)
             processes.wait_for(lambda: started_before_due() == 1, 30, interval=0.01,
@@ -118,8 +116,6 @@ def test_a_call_started_ahead_that_waits_for_a_process_counts_its_true_lateness(
             processes.wait_for(lambda: settled() and runs.count() == 3, 30, message="the call and the slow ones")
         monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
         text = client.get("/metrics/timeouts").content.decode()
-    finally:
-        processes.stop(worker)
     row = calls().get(biz_type="celery:tests.durable.record")
     body_started_at = next(started_at for task_id, *_, started_at in runs.all() if task_id == row.biz_id)
     late = (body_started_at - row.action_time).total_seconds()

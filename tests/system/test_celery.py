@@ -130,9 +130,7 @@ def test_a_worker_whose_database_session_dies_after_the_handler_still_records_do
     restart, an idle-session killer). The worker reconnects and writes DONE, instead of leaving the
     task RUNNING until its lease runs out and running the handler again."""
     env = processes.django_env(TIMEOUTS_FAULTS="run.before_done=sleep:2")
-    worker = processes.celery_worker(env=env, name="worker-session-killed")
-    try:
-        processes.wait_for_worker(worker)
+    with processes.running_worker(env=env, name="worker-session-killed"):
         task = TimeoutTask.objects.schedule("test.record", "session", delay=0)
         scan_until(lambda: starts.count() == 1, 30, "the handler to start")
         with connection.cursor() as cursor:  # every other session on the test database, the worker's too
@@ -141,5 +139,3 @@ def test_a_worker_whose_database_session_dies_after_the_handler_still_records_do
         processes.wait_for(lambda: TimeoutTask.objects.get(pk=task.pk).status == Status.DONE, 30,
                            message="the task to be DONE without waiting for its lease (60 s)")
         assert starts.count() == 1 and TimeoutTask.objects.get(pk=task.pk).attempts == 1
-    finally:
-        processes.stop(worker)

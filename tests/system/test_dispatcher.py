@@ -268,9 +268,7 @@ def test_inside_a_worker_the_dispatcher_is_one_thread_of_the_main_process(broker
     env = processes.django_env(DJANGO_SETTINGS_MODULE="in_worker_settings",
                                PYTHONPATH=f"{processes.ROOT}:{tmp_path}", TIMEOUTS_LOG_LEVEL="DEBUG")
     broker.flushdb()
-    worker = processes.celery_worker(env=env, name="worker-with-dispatcher")
-    try:
-        processes.wait_for_worker(worker)
+    with processes.running_worker(env=env, name="worker-with-dispatcher") as worker:
         [backend] = processes.wait_for(dispatcher_backends, 30, message="the in-worker dispatcher")
         task = schedule("in-worker", delay=0.3)
         processes.wait_for(lambda: starts.count() == 1, 10, message="the task to start")
@@ -284,6 +282,4 @@ def test_inside_a_worker_the_dispatcher_is_one_thread_of_the_main_process(broker
         main = psutil.Process(worker.pid)
         assert port in {c.laddr.port for c in main.net_connections("tcp")}
         assert all(port not in {c.laddr.port for c in child.net_connections("tcp")} for child in main.children())
-    finally:
-        processes.stop(worker)
     processes.wait_for(lambda: not dispatcher_backends(), 10, message="the dispatcher to disconnect")

@@ -118,9 +118,7 @@ def test_a_database_restart_ends_with_the_dispatcher_reconnected_and_tasks_start
     env = processes.django_env(DATABASE_URL=url, TIMEOUTS_LOG_LEVEL="DEBUG")
     broker.flushdb()
     # One pool process, so the warm-up below certainly reaches the one whose connections died.
-    worker = processes.celery_worker(env=env, name="worker-restart", concurrency=1)
-    try:
-        processes.wait_for_worker(worker)
+    with processes.running_worker(env=env, name="worker-restart", concurrency=1):
         with dispatcher_process("dispatcher-restart", env=env, backends=lambda: _backends(url)):
             assert _run_one(url, "before-restart") < ON_TIME
             [old] = _backends(url)
@@ -132,8 +130,6 @@ def test_a_database_restart_ends_with_the_dispatcher_reconnected_and_tasks_start
             _run_one(url, "after-restart-warm-up", timeout=30)
             assert _run_one(url, "after-restart") < ON_TIME
             assert _backends(url) != [old]
-    finally:
-        processes.stop(worker)
 
 
 def _backends(url) -> list[int]:

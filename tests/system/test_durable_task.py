@@ -160,16 +160,12 @@ def test_a_kept_result_is_returned_by_async_result_get(transactional_db, broker,
     from project.celery import app
 
     broker.flushdb()
-    worker = processes.celery_worker(env=processes.django_env(DJANGO_SETTINGS_MODULE="tests.settings_results"),
-                                     name="worker-results")
     backend = RedisBackend(app=app, url=app.conf.broker_url)
-    try:
-        processes.wait_for_worker(worker)
+    env = processes.django_env(DJANGO_SETTINGS_MODULE="tests.settings_results")
+    with processes.running_worker(env=env, name="worker-results"):
         result = tasks.add.apply_async((2, 3), countdown=0.5)
         scan_until(settled, 30, "the call")
         assert AsyncResult(result.id, backend=backend, app=app).get(timeout=10) == 5
-    finally:
-        processes.stop(worker)
 
 
 @pytest.mark.timeout(120)
@@ -283,12 +279,8 @@ def test_a_call_that_expires_on_its_way_to_the_worker_ends_cancelled(transaction
     scan()
     assert calls(status=Status.DISPATCHED).count() == 1
     time.sleep(1)
-    worker = processes.celery_worker(env=processes.django_env(), name="worker-late")
-    try:
-        processes.wait_for_worker(worker)
+    with processes.running_worker(env=processes.django_env(), name="worker-late"):
         scan_until(settled, 30, "the call's lease (5 s) to run out and the call to be found expired")
-    finally:
-        processes.stop(worker)
     [row] = calls()
     assert row.status == Status.CANCELLED and "expired" in row.last_error
     assert runs.count() == 0

@@ -142,9 +142,7 @@ def test_a_task_due_on_time_starts_ahead_of_a_backlog_waiting_in_the_broker(brok
     """A backlog's claims wait in the broker (up to MAX_DISPATCHED of them) for the workers; a task
     that falls due meanwhile is claimed on time, and its message passes them there."""
     schedule_due("test.slow", 3000, attribute={"sleep": 0.01})  # 30 s of work for one process
-    worker = processes.celery_worker(env=processes.django_env(), name="worker-backlog", concurrency=1)
-    try:
-        processes.wait_for_worker(worker, "the worker")
+    with processes.running_worker(env=processes.django_env(), name="worker-backlog", concurrency=1):
         with dispatcher_process("dispatcher-backlog"):
             processes.wait_for(lambda: count("test.slow", Status.DISPATCHED) >= 500, 30,
                                message="a backlog in the broker")
@@ -152,8 +150,6 @@ def test_a_task_due_on_time_starts_ahead_of_a_backlog_waiting_in_the_broker(brok
             processes.wait_for(lambda: TimeoutTask.objects.get(job_id=task.job_id).status == Status.DONE, 30,
                                message="the task due on time to end")
             backlog_left = count("test.slow", Status.PENDING) + count("test.slow", Status.DISPATCHED)
-    finally:
-        processes.stop(worker)
     [late] = lateness([row for row in starts.all() if row[0] == task.job_id])
     assert backlog_left > 1000, backlog_left  # it did not merely wait for the backlog to end
     assert 0 <= late < ON_TIME, late
@@ -165,9 +161,7 @@ def test_a_task_claimed_on_time_takes_the_process_of_a_backlog_s_batch(broker, s
     meanwhile runs a backlog's batch (0.9 s of handlers), which is still running when the task falls
     due. The batch gives its unstarted tasks back and frees the process, rather than keeping the
     task waiting until it ends; the tasks given back are claimed again and each runs once."""
-    worker = processes.celery_worker(env=processes.django_env(), name="worker-give-way", concurrency=1)
-    try:
-        processes.wait_for_worker(worker, "the worker")
+    with processes.running_worker(env=processes.django_env(), name="worker-give-way", concurrency=1):
         # A lead longer than the test: every task is claimed as soon as it is scheduled.
         with dispatcher_process("dispatcher-give-way", "--lead", "10"):
             due = time.monotonic() + 3.0
@@ -179,8 +173,6 @@ def test_a_task_claimed_on_time_takes_the_process_of_a_backlog_s_batch(broker, s
             processes.wait_for(lambda: count("test.slow", Status.DONE) == 9, 30, message="the backlog to end")
             processes.wait_for(lambda: TimeoutTask.objects.get(job_id=task.job_id).status == Status.DONE, 30,
                                message="the task claimed on time to end")
-    finally:
-        processes.stop(worker)
     runs = starts.all()
     backlog = [started_at for job_id, _, _, started_at in runs if job_id != task.job_id]
     [on_time] = [started_at for job_id, _, _, started_at in runs if job_id == task.job_id]

@@ -28,9 +28,8 @@ def test_a_prefork_workers_counts_add_up_across_its_processes(client, broker, st
     sees the sum of what every child counted."""
     from project.celery import app
 
-    worker = processes.celery_worker(env=processes.django_env(PROMETHEUS_MULTIPROC_DIR=tmp_path), name="metrics-worker")
-    try:
-        processes.wait_for_worker(worker)
+    env = processes.django_env(PROMETHEUS_MULTIPROC_DIR=tmp_path)
+    with processes.running_worker(env=env, name="metrics-worker"):
         TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": i, "delay": -0.001}
                                            for i in range(8)])
         failing = due("test.fail")
@@ -46,8 +45,6 @@ def test_a_prefork_workers_counts_add_up_across_its_processes(client, broker, st
         processes.wait_for(settled, timeout=60, interval=0.5, message="8 done and 1 dead")
         monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
         text = client.get("/metrics/timeouts").content.decode()
-    finally:
-        processes.stop(worker)
     samples = {(s.name, s.labels.get("biz_type")): s.value
                for family in text_string_to_metric_families(text) for s in family.samples if "le" not in s.labels}
     assert samples[("timeouts_dispatched_total", "test.record")] == 8

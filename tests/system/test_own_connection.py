@@ -40,13 +40,9 @@ def recorded():
 def worker_with_django_defaults(broker):
     """A real prefork worker (2 processes) whose settings are Django's and Celery's defaults."""
     broker.flushdb()
-    process = processes.celery_worker(env=processes.django_env(DJANGO_SETTINGS_MODULE="tests.settings_defaults"),
-                                      name="defaults-worker")
-    try:
-        processes.wait_for_worker(process)
+    env = processes.django_env(DJANGO_SETTINGS_MODULE="tests.settings_defaults")
+    with processes.running_worker(env=env, name="defaults-worker") as process:
         yield process
-    finally:
-        processes.stop(process)
 
 
 def run_through_the_worker(count, *, first="a"):

@@ -160,16 +160,12 @@ def test_a_concurrency_limit_holds_across_the_shards_together(broker, starts):
             break
     TimeoutTask.objects.bulk_schedule([{"biz_type": "test.slow", "biz_id": biz_id, "attribute": {"sleep": 1.0},
                                         "at": at} for biz_id in made])
-    worker = processes.celery_worker(env=processes.django_env(), name="worker-shard-limits", concurrency=4)
     most = 0
-    try:
-        with processes.scanning(0.5), dispatcher(reaching=ALIASES):
-            processes.wait_for_worker(worker, "the worker")
-            deadline = time.monotonic() + 60
-            while starts.count() < 9 and time.monotonic() < deadline:
-                most = max(most, in_flight_everywhere("test.slow"))
-                time.sleep(0.01)
-    finally:
-        processes.stop(worker)
+    with processes.running_worker(env=processes.django_env(), name="worker-shard-limits", concurrency=4), \
+            processes.scanning(0.5), dispatcher(reaching=ALIASES):
+        deadline = time.monotonic() + 60
+        while starts.count() < 9 and time.monotonic() < deadline:
+            most = max(most, in_flight_everywhere("test.slow"))
+            time.sleep(0.01)
     assert starts.count() == 9, "every task started once"
     assert most == 2, "never more than the limit at once, on all the shards together"

@@ -59,12 +59,8 @@ def one_process_worker(transactional_db, broker):
     """A worker of one pool process: its starts follow one another, so their order is the order
     in which the tasks were handed over (two processes may overtake each other on a loaded machine)."""
     broker.flushdb()
-    process = processes.celery_worker(env=processes.django_env(), name="tasks-backend-worker", concurrency=1)
-    try:
-        processes.wait_for_worker(process)
+    with processes.running_worker(env=processes.django_env(), name="tasks-backend-worker", concurrency=1) as process:
         yield process
-    finally:
-        processes.stop(process)
 
 
 @pytest.mark.timeout(90)
