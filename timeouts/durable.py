@@ -164,7 +164,7 @@ def _run_fenced(task, fence, body, args, kwargs):
         raise Ignore()
     events.started(row, attempt)
     _heartbeat.add(shard, key, attempt, row.ttr)
-    end = partial(_end, row, shard, key, attempt)
+    end = partial(_end, row, shard, key, attempt, partition)
     try:
         result = body(*args, **kwargs)
     except Retry as exc:
@@ -203,7 +203,7 @@ def _end_timed_out(task_id, exc):
         events.emit("dead", row["biz_type"])
 
 
-def _end(row, shard, key, attempt, status, error):
+def _end(row, shard, key, attempt, partition, status, error):
     """Record the outcome; a failure to record it is logged, not raised: the task's own outcome
     stands, and the row's lease runs out (the call runs again: at least once)."""
     from . import events, own_connection, running
@@ -213,7 +213,7 @@ def _end(row, shard, key, attempt, status, error):
               "started_at": row.started_at}
     try:
         with own_connection.used(shard):
-            matched = running.record_outcome("end_call", params)
+            matched = running.record_outcome("end_call", params, partition)
     except Exception:
         logger.exception("timeouts: could not record the outcome of %s", row)
         return

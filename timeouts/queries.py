@@ -104,7 +104,7 @@ def execute(name, params=None, *, using=None, partition=None):
 #   IS NOT DISTINCT FROM (`=` for these NOT NULL columns), neither is an index condition, so only
 #   the primary key (job_id first) can serve the lookup. The parent keeps `action_time = $2`, which
 #   it needs to prune partitions; both queries compare the state so themselves.
-ON_PARTITION = frozenset({"start_task", "finish_task", "finish_then_start_task",
+ON_PARTITION = frozenset({"start_task", "finish_task", "finish_then_start_task", "end_call",
                           "tasks_backend_started", "tasks_backend_returned", "tasks_backend_failed"})
 PARENT_UPDATE = "\nUPDATE timeouts_task\n"
 PARENT_KEY = re.compile(r"WHERE job_id = (%\(\w+\)s) AND action_time = (%\(\w+\)s)")

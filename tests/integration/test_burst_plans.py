@@ -68,7 +68,8 @@ def test_the_workers_start_and_done_find_each_task_by_its_primary_key():
     task, other = TimeoutTask.objects.filter(action_time=at).order_by("-job_id")[:2]
     params = {"job_id": task.job_id, "action_time": at, "attempt": 1, "lease_extra": 0.0, "ahead": 0.0,
               "done_job_id": other.job_id, "done_action_time": at, "done_attempt": 1,
-              "worker_id": "w", "return_value": "null", "exception_class_path": "E", "traceback": ""}
+              "worker_id": "w", "return_value": "null", "exception_class_path": "E", "traceback": "",
+              "status": int(TimeoutTask.Status.DONE), "error": "", "started_at": at}
     for name in sorted(queries.ON_PARTITION):
         with connection.cursor() as cursor:
             cursor.execute("EXPLAIN (FORMAT JSON) " + queries.on_partition(name, partition), params)
