@@ -42,7 +42,7 @@ def test_a_call_started_as_the_signal_was_sent_ran_twice_at_the_kill():
 
 def test_the_catch_up_rate_counts_the_late_calls_the_new_worker_started_leaving_out_stragglers():
     # Killed at 10 s, back at 15 s: 100 calls due 10-15 s start 100 a second from 15 s, but two
-    # start at 30 s (found when their leases ran out); 50 calls due after 30 s start on time.
+    # start at 30 s (found when their leases ran out); 50 calls due later start on time.
     expected = {k: at(10 + k * 0.05) for k in range(100)} | {k: at(30 + k) for k in range(100, 150)}
     starts = [(k, at(15 + k * 0.01)) for k in range(98)] + [(98, at(30)), (99, at(30.01))]
     starts += [(k, at(30 + k + 0.001)) for k in range(100, 150)]
