@@ -217,18 +217,8 @@ def _late(expected, starts, outage_from, outage_to) -> dict:
     due_in_outage = sum(1 for at in expected.values() if outage_from <= at.timestamp() < outage_to)
     return {"late": len(late), "late_in_outage": len(in_outage), "late_outside_outage": len(late) - len(in_outage),
             "due_in_outage": due_in_outage,
-            "catch_up_per_s": _rate_of_middle(sorted(first[k].timestamp() for k in late
-                                                     if first[k].timestamp() >= outage_to))}
-
-
-def _rate_of_middle(times, share=0.9):
-    """Events per second over the middle `share` of sorted event times; None for fewer than 20."""
-    if len(times) < 20:
-        return None
-    cut = int(len(times) * (1 - share) / 2)
-    middle = times[cut:len(times) - cut]
-    span = middle[-1] - middle[0]
-    return round((len(middle) - 1) / span, 1) if span > 0 else None
+            "catch_up_per_s": stats.rate_of_middle(sorted(first[k].timestamp() for k in late
+                                                          if first[k].timestamp() >= outage_to))}
 
 
 def _twice(expected, starts, killed_at, restarted_at) -> dict:

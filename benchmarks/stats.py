@@ -93,6 +93,16 @@ def claim_rate(conn) -> dict:
     return out
 
 
+def rate_of_middle(times, share=0.9):
+    """Events per second over the middle `share` of sorted event times; None for fewer than 20."""
+    if len(times) < 20:
+        return None
+    cut = int(len(times) * (1 - share) / 2)
+    middle = times[cut:len(times) - cut]
+    span = middle[-1] - middle[0]
+    return round((len(middle) - 1) / span, 1) if span > 0 else None
+
+
 def summarize(values):
     """{median, min, max} of the numbers among values (None when there are none)."""
     numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]

@@ -9,13 +9,12 @@ from decimal import Decimal
 
 import pytest
 from celery import current_app
-from django.db import connection, transaction
-from django.test.utils import CaptureQueriesContext
+from django.db import transaction
 from kombu.exceptions import OperationalError
 
 import timeouts.celery
 from tests.testapp import tasks
-from timeouts import InvalidAttribute, TimeoutsError, durable, own_connection, running
+from timeouts import InvalidAttribute, TimeoutsError
 from timeouts.celery_calls import FENCE_HEADER, PREFIX
 from timeouts.models import TimeoutTask
 from timeouts.scan import scan
@@ -114,23 +113,6 @@ def test_the_due_call_is_published_as_its_own_message_with_the_fence(queues):
     assert args[0] == 1 and args[1] == {"__type__": "decimal", "__value__": "2.5"}  # Celery's own JSON
     assert kwargs["when"]["__type__"] == "datetime"
     assert properties["priority"] == 3 and properties["correlation_id"] == result.id
-
-
-def test_a_calls_start_and_outcome_go_straight_to_the_partition_its_message_names(queues):
-    """As a timeouts task's (test_on_partition.py): on the partition, PostgreSQL reuses the plan."""
-    tasks.record.apply_async((1,), countdown=0.2)
-    time.sleep(0.3)
-    scan()
-    [(headers, _, _)] = messages(queues)
-    job_id, action_time, attempt, partition, shard = headers[FENCE_HEADER]
-    assert partition.startswith("timeouts_task_")
-    key = {"job_id": job_id, "action_time": datetime.fromisoformat(action_time)}
-    with own_connection.shared(shard), CaptureQueriesContext(connection) as captured:
-        row = running.start(key, attempt, partition=partition)
-        durable._end(row, shard, key, attempt, partition, Status.DONE, "")
-    updated = [q["sql"].split("UPDATE ", 1)[1].split()[0] for q in captured if "\nUPDATE " in q["sql"]]
-    assert updated == [partition, partition]
-    assert [call.status for call in calls()] == [Status.DONE]
 
 
 def test_an_expired_call_is_not_sent_and_says_so(queues):

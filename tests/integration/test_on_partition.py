@@ -1,13 +1,16 @@
-"""The worker's start and DONE go straight to the partition the claim found the row in (the message
-carries it), and through the partitioned parent whenever that is not where the row is."""
+"""The worker's start and DONE (a stored Celery call's outcome too) go straight to the partition the
+claim found the row in (the message carries it), and through the partitioned parent whenever that
+is not where the row is."""
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from timeouts import partition_ddl, queries, running
+from tests.testapp import tasks
+from timeouts import durable, own_connection, partition_ddl, queries, running
 from timeouts.claiming import claim_due
 from timeouts.models import TimeoutTask
 
@@ -45,6 +48,19 @@ def test_the_claim_names_the_partition_and_the_worker_updates_it_directly(starts
         assert running.run(*claim.message_args()) == "done"
     assert updates_of(captured) == [claim.partition, claim.partition]  # the start, the DONE
     assert starts.count() == 1
+
+
+def test_a_stored_celery_calls_outcome_goes_straight_to_its_partition():
+    tasks.record.apply_async((1,), countdown=0.05)  # a DurableTask call: a row
+    time.sleep(0.1)
+    [claim] = claim_due(10)
+    assert claim.partition == partition_of(claim.job_id) != "timeouts_task"
+    key = {"job_id": claim.job_id, "action_time": claim.action_time}
+    with own_connection.shared(claim.shard), CaptureQueriesContext(connection) as captured:
+        row = running.start(key, claim.attempt, partition=claim.partition)
+        durable._end(row, claim.shard, key, claim.attempt, claim.partition, Status.DONE, "")
+    assert updates_of(captured) == [claim.partition, claim.partition]  # the start, the outcome
+    assert status_of(claim) == Status.DONE
 
 
 @pytest.mark.parametrize("partition", [
