@@ -2,15 +2,32 @@
 
 - `worker`: a real Celery worker (prefork, 2 processes) on the test database and broker.
 - `runs`: what the DurableTask test tasks (tests/testapp/tasks.py) recorded of their runs.
+
+What most of these tests check (workers, dispatchers, brokers, leases) does not depend on Django's
+version: they are marked `one_leg` and run in bin/test's first leg only, except the modules of
+DJANGO_VERSION_MATTERS, which run in both.
 """
 
 import json
+from pathlib import Path
 
 import pytest
 from django.db import connection
 
 from tests import processes
 from tests.testapp.tasks import CALLS_TABLE_SQL
+
+HERE = Path(__file__).resolve().parent
+# The admin's pages, a host project installing the package, Django's tasks framework (built in on
+# 6.0, the backport on 5.2), and timeouts' own copy of Django's database connection.
+DJANGO_VERSION_MATTERS = {"test_admin_browser", "test_admin_businesses_browser", "test_host_project",
+                          "test_tasks_backend", "test_own_connection"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.parent == HERE and item.path.stem not in DJANGO_VERSION_MATTERS:
+            item.add_marker(pytest.mark.one_leg)
 
 
 @pytest.fixture
