@@ -1,9 +1,12 @@
 """Handlers by biz_type: the `@timeouts.handler` decorator and the lookup the runtime uses."""
 
+import functools
+import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 
+from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
 
 from .errors import InvalidBizType, UnknownBizType
@@ -27,7 +30,19 @@ class Handler:
     concurrency: int | None = None  # tasks running at once, deployment-wide
 
     def __call__(self, task):
-        return self.func(task)
+        result = self.func(task)
+        if isinstance(result, Coroutine):
+            # An async handler (async def, a partial of one, an object whose __call__ is async, or a
+            # wrapper that returns the coroutine): its body runs only once awaited. It is awaited
+            # to its end here, as Django's tasks framework runs an async task: on an event loop of
+            # its own, while sync_to_async() calls in it (Django's async ORM) come back to this
+            # thread and its database connections, which the worker cleans up after each message.
+            return async_to_sync(_awaited)(result)
+        return result
+
+
+async def _awaited(coroutine):
+    return await coroutine
 
 
 _handlers: dict[str, Handler] = {}
@@ -51,9 +66,16 @@ def handler(biz_type, *, queue=None, max_attempts=None, ttr=None, rate_limit=Non
     `rate_limit` (starts per second) and `concurrency` (tasks running at once) limit this biz_type
     across the whole deployment (timeouts.isolation); `timeouts.set_limits()` overrides them at run time.
 
-    A bad registration (name, option, or a second handler for one biz_type) raises
-    ImproperlyConfigured, at import time: the project is misconfigured, not a user's input.
+    The function may be an `async def`: the worker awaits it to its end (timeouts.registry.Handler).
+
+    A bad registration (name, option, a second handler for one biz_type, or a function whose call
+    would not run its body) raises ImproperlyConfigured, at import time: the project is
+    misconfigured, not a user's input.
     """
+    if callable(biz_type) and not isinstance(biz_type, str):
+        raise ImproperlyConfigured(
+            f"@timeouts.handler needs the biz_type that {_qualified(biz_type)} handles: "
+            f'use @timeouts.handler("name"), not a bare @timeouts.handler')
     if not isinstance(biz_type, str) or not BIZ_TYPE_RE.fullmatch(biz_type):
         raise ImproperlyConfigured(
             f"@timeouts.handler: biz_type must be 1 to 64 characters of [A-Za-z0-9_.:-], got {describe(biz_type)}")
@@ -73,6 +95,7 @@ def handler(biz_type, *, queue=None, max_attempts=None, ttr=None, rate_limit=Non
     rate_limit, concurrency = _limits(biz_type, rate_limit, concurrency)
 
     def register(func):
+        _check_runnable(biz_type, func)
         new = Handler(biz_type, func, queue, max_attempts, ttr, rate_limit, concurrency)
         old = _handlers.get(biz_type)
         # Re-importing the same module (autoreload, tests) re-registers the same function: allowed.
@@ -94,8 +117,39 @@ def _limits(biz_type, rate_limit, concurrency):
     return check_rate_limit(rate_limit, misconfigured), check_concurrency(concurrency, misconfigured)
 
 
+def _check_runnable(biz_type, func):
+    """Refuse what the worker cannot run: a call of a generator function returns a generator and
+    runs none of its body, so the task would be DONE without having run."""
+    if not callable(func):
+        raise ImproperlyConfigured(
+            f"handler {biz_type!r}: {describe(func)} is not callable; decorate a function (def or async def)")
+    called = _called(func)
+    if inspect.isasyncgenfunction(called):
+        raise ImproperlyConfigured(
+            f"handler {biz_type!r}: {_qualified(func)} is an async generator function, whose call runs none "
+            f"of its body; write an async def without yield")
+    if inspect.isgeneratorfunction(called):
+        raise ImproperlyConfigured(
+            f"handler {biz_type!r}: {_qualified(func)} is a generator function, whose call runs none of "
+            f"its body; write a def (or async def) without yield")
+
+
+def _called(func):
+    """The function a call of `func` runs: through functools.partial, and a callable object's __call__."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    if inspect.isroutine(func) or inspect.isclass(func):
+        return func
+    return func.__call__
+
+
 def _qualified(func):
-    return f"{func.__module__}.{func.__qualname__}"
+    """module.name of a function, of a partial's function, or of a callable object's class."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    if not (inspect.isroutine(func) or inspect.isclass(func)):
+        func = type(func)
+    return f"{getattr(func, '__module__', None)}.{getattr(func, '__qualname__', repr(func))}"
 
 
 def register_internal(handler: Handler):

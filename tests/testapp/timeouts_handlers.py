@@ -2,11 +2,15 @@
 autocommit connection, outside the system under test, so a rolled-back or crashed handler still
 leaves its trace."""
 
+import asyncio
 import os
 import time
 
+from asgiref.sync import sync_to_async
+
 import timeouts
 from timeouts import own_connection
+from timeouts.models import TimeoutTask
 
 from . import oracle_handlers  # noqa: F401  (registers the reliability scenarios' handlers)
 from .recorder import record, record_connections
@@ -46,3 +50,21 @@ def on_other_queue(task):
 def record_connections_used(task):
     """Records the server process behind timeouts' statements and the one behind the handler's ORM."""
     record_connections(task, own_connection.current())
+
+
+@timeouts.handler("test.async")
+async def record_start_async(task):
+    """Awaits, reads its own row through Django's async ORM, then records: a start recorded means
+    the whole body ran."""
+    await asyncio.sleep(0.01)
+    row = await TimeoutTask.objects.aget(job_id=task.job_id, action_time=task.action_time)
+    if row.status != TimeoutTask.Status.RUNNING:
+        raise AssertionError(f"the handler runs while its task is RUNNING, not {row.get_status_display()}")
+    await sync_to_async(record)(task)
+
+
+@timeouts.handler("test.async_fail", max_attempts=2)
+async def always_fail_async(task):
+    await sync_to_async(record)(task)
+    await asyncio.sleep(0)
+    raise RuntimeError(f"failing on purpose in a coroutine (attempt {task.attempts})")
