@@ -42,7 +42,7 @@ def bulk_schedule(items):
 
 def cancel(biz_type, biz_id):
     """`TimeoutTask.objects.cancel()`: cancels every task of (biz_type, biz_id) that has not started;
-    returns how many. Their handlers never run."""
+    returns how many. Their handlers never run. A biz_type with no handler raises UnknownBizType."""
     from .models import TimeoutTask
 
     return TimeoutTask.objects.cancel(biz_type, biz_id)

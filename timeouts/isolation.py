@@ -21,9 +21,9 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from . import own_connection, shards
 from .conf import notify_params
-from .errors import InvalidOption, UnknownBizType
+from .errors import InvalidOption
 from .queries import execute, fetch_dicts, fetch_one
-from .registry import CELERY_CALLS, check_biz_type, find_handler, registered
+from .registry import check_known, find_handler, registered
 from .validation import check_concurrency, check_rate_limit
 
 
@@ -39,7 +39,7 @@ class Limits:
 
 def limits(biz_type, *, using=DEFAULT_DB_ALIAS) -> Limits:
     """The limits in force for `biz_type` now: `set_limits()`' override, else the handler's own."""
-    _known(biz_type)
+    check_known(biz_type)
     row = fetch_one("limits_of", {"biz_type": biz_type}, using=connections[using])
     if row is None:
         # Nothing stored yet: the handler's own values, which the next scan declares.
@@ -51,27 +51,27 @@ def limits(biz_type, *, using=DEFAULT_DB_ALIAS) -> Limits:
 def set_limits(biz_type, rate_limit=None, concurrency=None, *, using=None) -> None:
     """Replace the handler's own limits of `biz_type` with these (None: no limit), in the database,
     until the next set_limits() or reset_limits(). In force at every claimer's next claim."""
-    _known(biz_type)
+    check_known(biz_type)
     rate_limit, concurrency = check_rate_limit(rate_limit, InvalidOption), check_concurrency(concurrency, InvalidOption)
     _change("override_limits", biz_type, using, rate_limit=rate_limit, concurrency=concurrency)
 
 
 def reset_limits(biz_type, *, using=None) -> None:
     """Drop set_limits()' override of `biz_type`: the handler's own limits are in force again."""
-    _known(biz_type)
+    check_known(biz_type)
     _change("reset_limits", biz_type, using)
 
 
 def pause(biz_type, *, using=None) -> None:
     """No task of `biz_type` is claimed until resume(); tasks already claimed or running finish as
     usual. Its due tasks wait, PENDING, and count as late."""
-    _known(biz_type)
+    check_known(biz_type)
     _change("pause_biz_type", biz_type, using, paused=True)
 
 
 def resume(biz_type, *, using=None) -> None:
     """Undo pause(): the due tasks of `biz_type` are claimed again, oldest first, within its limits."""
-    _known(biz_type)
+    check_known(biz_type)
     _change("pause_biz_type", biz_type, using, paused=False)
 
 
@@ -91,15 +91,6 @@ def declare(connection=None) -> int:
                                    "concurrencies": [concurrency for _, concurrency in changed.values()]},
                 using=connection).close()
     return len(changed)
-
-
-def _known(biz_type):
-    """A biz_type whose tasks this deployment runs: a handler's, or a stored Celery call's (any
-    Celery task may be a DurableTask, and this process need not have bound them all)."""
-    check_biz_type(biz_type)
-    if find_handler(biz_type) is None and not biz_type.startswith(CELERY_CALLS):
-        names = ", ".join(sorted(registered())) or "none"
-        raise UnknownBizType(f"no handler is registered for biz_type {biz_type!r}; known: {names}")
 
 
 def _declared(biz_type):

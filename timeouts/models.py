@@ -42,7 +42,8 @@ class TimeoutTaskManager(models.Manager.from_queryset(TimeoutTaskQuerySet)):
         return scheduling.bulk_schedule(self.model, items, using=self._db)
 
     def cancel(self, biz_type, biz_id):
-        """Cancel every task of (biz_type, biz_id) that has not started; returns how many."""
+        """Cancel every task of (biz_type, biz_id) that has not started; returns how many. A
+        biz_type with no handler (a typo) raises UnknownBizType, as schedule() does."""
         return transitions.cancel_by_key(biz_type, biz_id, using=self._db)
 
 

@@ -162,10 +162,29 @@ def get_handler(biz_type) -> Handler:
         return _handlers[biz_type]
     except (KeyError, TypeError):
         check_biz_type(biz_type)
-        raise UnknownBizType(
-            f"no handler is registered for biz_type {biz_type!r}; "
-            f"known: {', '.join(sorted(_handlers)) or 'none'}"
-        ) from None
+        raise _unknown(biz_type) from None
+
+
+def check_known(biz_type) -> str:
+    """`biz_type` if this deployment has tasks of it, else InvalidBizType or UnknownBizType: what
+    cancel(), limits() and the others accept. Known: a handler's biz_type, and any of the kinds that
+    have no handler of the user's, whose biz_types this process need not all know: a DurableTask's
+    stored calls (any Celery task may be one, bound or not here) and the tasks of Django's tasks
+    framework (any backend alias and queue)."""
+    check_biz_type(biz_type)
+    if not is_known(biz_type):
+        raise _unknown(biz_type)
+    return biz_type
+
+
+def is_known(biz_type: str) -> bool:
+    """check_known()'s rule, for a valid biz_type."""
+    return biz_type in _handlers or biz_type.startswith((CELERY_CALLS, DJANGO_TASKS))
+
+
+def _unknown(biz_type) -> UnknownBizType:
+    return UnknownBizType(f"no handler is registered for biz_type {biz_type!r}; "
+                          f"known: {', '.join(sorted(_handlers)) or 'none'}")
 
 
 def find_handler(biz_type) -> Handler | None:

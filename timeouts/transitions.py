@@ -14,7 +14,7 @@ from django.db import connections
 from . import events, shards, validation
 from .conf import notify_params
 from .queries import fetch_dicts, fetch_one
-from .registry import check_biz_type
+from .registry import check_known
 from .retry import retry_on_conflict
 from .states import CANCELLABLE, REQUEUEABLE, WAITING
 
@@ -55,8 +55,9 @@ def requeue(task) -> bool:
 
 
 def cancel_by_key(biz_type, biz_id, *, using=None) -> int:
-    """On `using`, else on the shard of (biz_type, biz_id)."""
-    params = {"biz_type": check_biz_type(biz_type), "biz_id": validation.biz_id(biz_id),
+    """On `using`, else on the shard of (biz_type, biz_id). A biz_type that this deployment has no
+    tasks of (a typo) raises UnknownBizType rather than cancel nothing: the task would run."""
+    params = {"biz_type": check_known(biz_type), "biz_id": validation.biz_id(biz_id),
               "statuses": list(CANCELLABLE)}
     using = using or shards.alias_of_key(params["biz_type"], params["biz_id"])
     connection = connections[using]

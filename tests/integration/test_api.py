@@ -9,6 +9,7 @@ from django.db import connection, transaction
 
 import timeouts
 from tests.factories import make_task, move_to
+from timeouts import registry
 from timeouts.models import TimeoutTask
 
 Status = TimeoutTask.Status
@@ -240,6 +241,38 @@ def test_cancel_by_key_counts():
     assert TimeoutTask.objects.cancel("test.record", "k") == 3
     assert TimeoutTask.objects.cancel("test.record", "k") == 0
     assert TimeoutTask.objects.pending().count() == 1
+
+
+@pytest.fixture
+def orphaned():
+    """A PENDING task of a biz_type whose handler is gone from the code: no process knows it."""
+    registry.handler("test.orphaned")(lambda task: None)
+    try:
+        task = TimeoutTask.objects.schedule("test.orphaned", "k", delay=60)
+    finally:
+        registry.unregister("test.orphaned")
+    return task
+
+
+@pytest.mark.parametrize("cancel", [timeouts.cancel, TimeoutTask.objects.cancel,
+                                    TimeoutTask.objects.db_manager("default").cancel])
+def test_cancel_of_an_unknown_biz_type_is_refused_and_changes_nothing(cancel, orphaned):
+    """A typo on the cancel path must not look like "nothing to cancel": the task would run."""
+    TimeoutTask.objects.schedule("test.record", "k", delay=60)
+    for typo in ("test.recrod", "test.orphaned"):
+        with pytest.raises(timeouts.UnknownBizType, match=typo):
+            cancel(typo, "k")
+    with pytest.raises(timeouts.InvalidBizType):
+        cancel("not a biz type", "k")
+    assert sorted(TimeoutTask.objects.pending().values_list("biz_type", flat=True)) == ["test.orphaned", "test.record"]
+    assert cancel("test.record", "k") == 1
+
+
+def test_cancel_accepts_the_biz_types_of_durable_calls_and_django_tasks():
+    """Any Celery task may be a DurableTask, and this process need not know them all; the same goes
+    for the queues of Django's tasks framework."""
+    assert timeouts.cancel(f"{registry.CELERY_CALLS}tests.not_bound_here", "k") == 0
+    assert timeouts.cancel(f"{registry.DJANGO_TASKS}elsewhere:default", "k") == 0
 
 
 def test_reschedule_moves_the_task_across_partitions():

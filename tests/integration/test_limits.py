@@ -105,6 +105,13 @@ def test_an_unknown_or_invalid_biz_type_is_refused_and_stores_nothing(call):
     assert stored() == []
 
 
+@pytest.mark.parametrize("biz_type", [f"{registry.CELERY_CALLS}tests.not_bound_here",
+                                      f"{registry.DJANGO_TASKS}elsewhere:default"])
+def test_the_kinds_without_a_handler_of_their_own_are_known(biz_type):
+    """The rule cancel() follows too (registry.check_known)."""
+    assert timeouts.limits(biz_type) == timeouts.Limits()
+
+
 @pytest.mark.parametrize("options", [{"rate_limit": 0}, {"rate_limit": math.nan}, {"rate_limit": math.inf},
                                      {"rate_limit": "5"}, {"concurrency": 0}, {"concurrency": 2.0},
                                      {"concurrency": False}], ids=repr)

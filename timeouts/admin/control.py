@@ -9,8 +9,8 @@ from ..errors import InvalidOption
 
 
 def changeable(biz_type):
-    """What timeouts.limits() and the others take: a handler's biz_type, or any Celery call's."""
-    return registry.find_handler(biz_type) is not None or biz_type.startswith(registry.CELERY_CALLS)
+    """What timeouts.limits() and the others take (registry.check_known)."""
+    return registry.is_known(biz_type)
 
 
 def shown(limits):
