@@ -66,7 +66,7 @@ def handler(biz_type, *, queue=None, max_attempts=None, ttr=None, rate_limit=Non
     `rate_limit` (starts per second) and `concurrency` (tasks running at once) limit this biz_type
     across the whole deployment (timeouts.isolation); `timeouts.set_limits()` overrides them at run time.
 
-    The function may be an `async def`: the worker awaits it to its end (timeouts.registry.Handler).
+    The function may be an `async def`: the worker awaits it to its end, as Django runs an async task.
 
     A bad registration (name, option, a second handler for one biz_type, or a function whose call
     would not run its body) raises ImproperlyConfigured, at import time: the project is
