@@ -20,6 +20,8 @@ import time
 from collections import Counter, namedtuple
 from datetime import datetime
 
+from django.db import DEFAULT_DB_ALIAS
+
 from . import running
 from .claiming import release
 
@@ -32,16 +34,17 @@ BUDGET = 1.0  # seconds a batch may run before it hands its unstarted tasks back
 # counted against its biz_type's concurrency) while the worker waits.
 DONE_WAITS_UP_TO = 0.005
 
-# partition: where the claim found the row, for the worker's UPDATEs to go straight there.
-Item = namedtuple("Item", "job_id action_time attempt run_at partition")
+# partition: where the claim found the row, for the worker's UPDATEs to go straight there; shard:
+# the database that holds it (the message's), where a task given back goes.
+Item = namedtuple("Item", "job_id action_time attempt run_at partition shard")
 
 
-def run_batch(items, give_way=None) -> str:
-    """Run the batch's tasks in order; returns a summary of the outcomes. `give_way`, a backlog's
-    batch's (on_time_first.GiveWay), is asked between two tasks whether a task claimed on time
-    waits for this process: the batch then passes the rest on, and ends."""
+def run_batch(items, give_way=None, shard=DEFAULT_DB_ALIAS) -> str:
+    """Run the batch's tasks (of `shard`) in order; returns a summary of the outcomes. `give_way`, a
+    backlog's batch's (on_time_first.GiveWay), is asked between two tasks whether a task claimed on
+    time waits for this process: the batch then passes the rest on, and ends."""
     # action_time stays the message's text: run() takes it so, and release() casts it in SQL.
-    as_sent, items = items, [Item(job_id, action_time, attempt, datetime.fromisoformat(run_at), partition)
+    as_sent, items = items, [Item(job_id, action_time, attempt, datetime.fromisoformat(run_at), partition, shard)
                              for job_id, action_time, attempt, run_at, partition in items]
     began = time.monotonic()
     outcomes = Counter()

@@ -11,7 +11,7 @@ import logging
 import threading
 
 from celery import current_app
-from django.db import connection
+from django.db import connections
 
 from .claiming import release
 from .publishing import publish
@@ -56,7 +56,9 @@ def publish_within(claims, timeout) -> int:
         except Exception as exc:
             outcome["error"] = exc
         finally:
-            connection.close()  # this thread's Django connection, if release() opened one
+            # The Django connections this thread opened, if any: a claim's statements (a release,
+            # an expired call's end) go to its shard on one of them (own_connection.for_shard).
+            connections.close_all()
             done.set()
 
     threading.Thread(target=send, name="timeouts-publish", daemon=True).start()

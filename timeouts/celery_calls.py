@@ -23,7 +23,7 @@ from celery.utils.time import maybe_make_aware
 from django.db import connections
 from kombu.utils import json as kombu_json
 
-from . import events, shards, validation
+from . import events, own_connection, shards, validation
 from .conf import get_settings
 from .errors import InvalidAttribute
 from .queries import fetch_dicts
@@ -200,8 +200,10 @@ def _expired(app, claim, call) -> bool:
 
 
 def _end_claim(claim, status, error):
+    """End the claim's row on its shard, from whichever thread publishes it."""
     params = {"job_id": claim.job_id, "action_time": claim.action_time, "status": int(status), "error": error}
-    return retry_on_conflict(lambda: fetch_dicts("end_claim", params))
+    db = own_connection.for_shard(claim.shard)
+    return retry_on_conflict(lambda: fetch_dicts("end_claim", params, using=db), using=claim.shard)
 
 
 def _message(app, claim, call, eta_headroom):

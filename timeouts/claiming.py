@@ -111,8 +111,11 @@ def _faulting_before_commit(claim):
 
 
 def release(claims):
-    """Give claims back to PENDING at once (their messages were not published)."""
-    if claims:
-        params = {"job_ids": [c.job_id for c in claims], "action_times": [c.action_time for c in claims],
+    """Give claims back to PENDING at once (their messages were not published), each on its shard."""
+    by_shard = {}
+    for claim in claims:
+        by_shard.setdefault(claim.shard, []).append(claim)
+    for shard, shard_claims in by_shard.items():
+        params = {"job_ids": [c.job_id for c in shard_claims], "action_times": [c.action_time for c in shard_claims],
                   **notify_params()}
-        execute("release_claims", params).close()
+        execute("release_claims", params, using=own_connection.for_shard(shard)).close()

@@ -46,6 +46,15 @@ def current():
     return getattr(_local, "active", None) or connections[DEFAULT_DB_ALIAS]
 
 
+def for_shard(alias):
+    """The connection for timeouts' statements about a row of the shard `alias` in this thread: the
+    current one if it is to that shard, else Django's own to it. A claim names its shard, and its
+    statements go there from whichever thread runs them: the dispatcher publishes from a thread
+    of its own, whose current connection is the first shard's."""
+    active = getattr(_local, "active", None)
+    return active if active is not None and active.alias == alias else connections[alias]
+
+
 @contextmanager
 def used(alias=DEFAULT_DB_ALIAS):
     """Run the block's timeouts statements on this thread's own connection to `alias` (a shard)."""

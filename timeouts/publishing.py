@@ -63,8 +63,8 @@ BACKLOG_AFTER = timedelta(seconds=1)
 
 
 def publish(claims) -> int:
-    """Publish the claims (of one shard: one claim_due's, on the connection of this thread that
-    made them); on a broker error, release what was not sent and re-raise. Claims of
+    """Publish the claims; on a broker error, release what was not sent and re-raise. What is
+    written about a claim (released, or ended unpublished) is written on its own shard. Claims of
     stored Celery calls (DurableTask) go as their tasks' own messages (celery_calls.py), the
     others as below."""
     calls = [claim for claim in claims if is_call(claim.biz_type)]

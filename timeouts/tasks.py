@@ -62,7 +62,7 @@ def run(self, job_id, action_time, attempt, partition, shard=DEFAULT_DB_ALIAS):
 def run_batch(self, items, shard=DEFAULT_DB_ALIAS):
     give_way = on_time_first.GiveWay(self, shard) if _in_backlog(self.request, items) else None
     with _for_the_message(self.request, shard):
-        return batches.run_batch(items, give_way)
+        return batches.run_batch(items, give_way, shard)
 
 
 def _in_backlog(request, items) -> bool:

@@ -6,6 +6,7 @@ import io
 import itertools
 import json
 import logging
+import threading
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -18,7 +19,7 @@ import timeouts.celery
 from tests.shards import ALIASES, key_on, three_shards, unreachable  # noqa: F401 (an autouse fixture)
 from timeouts import checks, own_connection, shards, tasks
 from timeouts.backends import cancel as backend_cancel
-from timeouts.claiming import claim_due
+from timeouts.claiming import claim_due, release
 from timeouts.errors import InvalidTime, TaskConflict
 from timeouts.models import TimeoutTask
 from timeouts.partitions import list_partitions
@@ -110,6 +111,21 @@ def test_a_claim_says_its_shard_and_its_message_runs_the_task_there(starts):
         assert tasks.run(*claim.message_args(), **claim.message_kwargs()) == "done"
         assert TimeoutTask.objects.using(alias).get(job_id=task.job_id).status == Status.DONE
     assert sorted(job_id for job_id, *_ in starts.all()) == sorted(task.job_id for task in due.values())
+
+
+def test_claims_go_back_on_their_own_shards_from_a_thread_without_a_connection_of_its_own():
+    made = {alias: timeouts.schedule("test.record", key_on(alias, "given-back"), delay=0) for alias in ALIASES}
+    claims = []
+    for alias in ALIASES:
+        with own_connection.shared(alias):
+            claims += claim_due(10)
+    assert sorted(claim.shard for claim in claims) == sorted(ALIASES)
+    # As the dispatcher's publishing thread does when the broker fails.
+    thread = threading.Thread(target=lambda: (release(claims), connections.close_all()))
+    thread.start()
+    thread.join(10)
+    for alias, task in made.items():
+        assert TimeoutTask.objects.using(alias).get(job_id=task.job_id).status == Status.PENDING
 
 
 def test_the_scan_covers_every_shard(starts, eager_celery):

@@ -13,7 +13,8 @@ from django.db import connections
 
 import timeouts
 from tests import processes
-from tests.shards import ALIASES, three_shards  # noqa: F401 (an autouse fixture)
+from tests.broker_messages import queue_length
+from tests.shards import ALIASES, key_on, three_shards  # noqa: F401 (an autouse fixture)
 from timeouts import shards
 from timeouts.listener import APPLICATION_NAME
 from timeouts.models import TimeoutTask
@@ -169,3 +170,43 @@ def test_a_concurrency_limit_holds_across_the_shards_together(broker, starts):
             time.sleep(0.01)
     assert starts.count() == 9, "every task started once"
     assert most == 2, "never more than the limit at once, on all the shards together"
+
+
+def task_id_on(alias, prefix) -> str:
+    """A Celery task_id whose stored calls live on `alias`."""
+    return next(task_id for task_id in (f"{prefix}-{n}" for n in itertools.count())
+                if shards.hashed(task_id).alias == alias)
+
+
+def test_a_call_expired_when_claimed_ends_cancelled_on_its_own_shard(broker):
+    from tests.testapp import tasks as celery_tasks
+
+    broker.flushdb()
+    calls = {alias: celery_tasks.record.apply_async((alias,), task_id=task_id_on(alias, "expired"), countdown=0.5,
+                                                    expires=0.2) for alias in ALIASES}
+
+    def status(alias):
+        return TimeoutTask.objects.using(alias).get(biz_id=calls[alias].id).status
+
+    with dispatcher(reaching=ALIASES):
+        # No scan runs: a claim left DISPATCHED here would stay so (its lease recovered by no one).
+        processes.wait_for(lambda: all(status(alias) == Status.CANCELLED for alias in ALIASES), 15,
+                           message="every shard's expired call to end CANCELLED")
+    for alias in ALIASES:
+        row = TimeoutTask.objects.using(alias).get(biz_id=calls[alias].id)
+        assert row.dispatched_at is not None and "expired" in row.last_error
+    assert not queue_length(broker), "an expired call is never published"
+
+
+def test_claims_the_broker_did_not_take_go_back_at_once_on_every_shard():
+    made = {alias: timeouts.schedule("test.record", key_on(alias, "no-broker"), delay=0.5) for alias in ALIASES}
+
+    def given_back(alias):
+        # Claimed (it has a dispatched_at) and PENDING again, well before its lease (60 s) runs out.
+        return TimeoutTask.objects.using(alias).filter(job_id=made[alias].job_id, status=Status.PENDING,
+                                                      dispatched_at__isnull=False).exists()
+
+    unreachable_broker = f"redis://127.0.0.1:{processes.free_port()}/0"
+    with dispatcher(reaching=ALIASES, TIMEOUTS_TEST_BROKER_URL=unreachable_broker):
+        processes.wait_for(lambda: all(given_back(alias) for alias in ALIASES), 15,
+                           message="every shard's unpublished claim to go back to PENDING")
