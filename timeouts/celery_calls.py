@@ -18,9 +18,13 @@ import math
 import re
 from datetime import datetime, timedelta
 
+import psycopg
 from celery.utils.nodenames import anon_nodename
 from celery.utils.time import maybe_make_aware
+from django.db import InterfaceError as DatabaseInterfaceError
+from django.db import OperationalError as DatabaseOperationalError
 from django.db import connections
+from kombu.exceptions import OperationalError as KombuOperationalError
 from kombu.utils import json as kombu_json
 
 from . import events, own_connection, shards, validation
@@ -155,18 +159,31 @@ def _utc(eta):
 
 # --- Publishing claimed calls (the scan's or the dispatcher's process) ----------------------------
 
+# Faults met while a claimed call's message is made that are not the call's: the database's (an
+# expired call's end is a statement; a host's task router may read a database), the broker's (kombu
+# raises its OperationalError for a connection that fails) or the network's and time-outs (OSError).
+# Over once the fault is, so the call waits for a later claim, not DEAD. (Not the transport's own
+# connection_errors: kombu's Redis transport counts KeyError among them.)
+TRANSIENT_ERRORS = (DatabaseOperationalError, DatabaseInterfaceError, psycopg.OperationalError,
+                    psycopg.InterfaceError, KombuOperationalError, OSError)
+
+
 def publish_calls(app, claims, producer, retry_policy, eta_headroom):
     """Send each claimed call's own message on `producer`, yielding after each claim is dealt with
-    (sent, or ended with the reason: CANCELLED if it expired, DEAD if its message cannot be made).
-    A claim ahead of time goes with a Celery ETA `eta_headroom` before its run_at
+    (sent, or ended with the reason: CANCELLED if it expired, DEAD if its message can never be
+    made). A fault of the database, the broker or the network met on the way is raised, as a
+    broker error is: the caller gives the claims back (publishing.py), and the call is published
+    at a later claim. A claim ahead of time goes with a Celery ETA `eta_headroom` before its run_at
     (publishing.ETA_HEADROOM)."""
     for claim in claims:
         try:
-            # Back to what Celery's JSON serializer read: datetimes, UUIDs and Decimals as given.
-            call = kombu_json.loads(_json_text(claim.call))
+            call = _readable(claim)
             message = None if _expired(app, claim, call) else _message(app, claim, call, eta_headroom)
+        except TRANSIENT_ERRORS:
+            raise
         except Exception as exc:
-            # Not the broker's fault: released, the claim would fail again at every scan.
+            # The call itself (its stored content, or a router that refuses it): given back, it
+            # would fail again at every claim. An operator may requeue it once that is fixed.
             logger.exception("timeouts: the message of claimed call job %s cannot be made", claim.job_id)
             _end_claim(claim, Status.DEAD, f"its message cannot be made: {exc!r}")
             message = None
@@ -175,6 +192,16 @@ def publish_calls(app, claims, producer, retry_policy, eta_headroom):
             app.amqp.send_task_message(producer, name, message, serializer="json", retry=True,
                                        retry_policy=retry_policy, **options)
         yield claim
+
+
+def _readable(claim) -> dict:
+    """The stored call, back to what Celery's JSON serializer read (datetimes, UUIDs and Decimals
+    as given), if this version can make its message."""
+    call = kombu_json.loads(_json_text(claim.call))
+    found = call.get("format") if isinstance(call, dict) else None
+    if found != FORMAT:
+        raise ValueError(f"a call stored in format {found!r}: this version reads format {FORMAT}")
+    return call
 
 
 def _json_text(attribute) -> str:

@@ -80,9 +80,10 @@ def publish(claims) -> int:
 
 
 def _publish_calls(claims) -> int:
-    """Each call's own message, pipelined as _publish_runs does. On an error every claim is released
-    (those whose rows ended meanwhile, expired or unpublishable, stay ended): a message that reached
-    the broker all the same is dropped by the worker's compare-and-set, as after any repeat."""
+    """Each call's own message, pipelined as _publish_runs does. On an error (the broker's, or a
+    fault of the database or the network while a message was made) every claim is released (those
+    whose rows ended meanwhile, expired or unpublishable, stay ended): a message that reached the
+    broker all the same is dropped by the worker's compare-and-set, as after any repeat."""
     app = current_app
     try:
         with app.producer_or_acquire() as producer, _pipelined(producer):

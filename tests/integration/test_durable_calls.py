@@ -9,10 +9,12 @@ from decimal import Decimal
 
 import pytest
 from celery import current_app
-from django.db import transaction
+from django.db import InterfaceError, transaction
+from django.db import OperationalError as DatabaseOperationalError
 from kombu.exceptions import OperationalError
 
 import timeouts.celery
+from tests.durable_routers import FailingFirst, routed_by
 from tests.testapp import tasks
 from timeouts import InvalidAttribute, TimeoutsError
 from timeouts.celery_calls import FENCE_HEADER, PREFIX
@@ -181,6 +183,52 @@ def test_a_call_whose_message_cannot_be_made_ends_dead_instead_of_coming_back(qu
     scan()
     [row] = calls()
     assert row.status == Status.DEAD and "cannot be made" in row.last_error
+    assert messages(queues) == []
+
+
+def error_kind(error) -> str:
+    return f"{type(error).__module__.split('.')[0]}.{type(error).__name__}"  # django.OperationalError
+
+
+@pytest.mark.parametrize("error", [DatabaseOperationalError("server closed the connection unexpectedly"),
+                                   InterfaceError("connection already closed"),
+                                   OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused."),
+                                   TimeoutError("timed out")], ids=lambda error: error_kind(error))
+def test_a_fault_while_a_message_is_made_gives_the_claim_back_to_be_published_later(queues, error):
+    tasks.record.apply_async((1,), countdown=0.2)
+    time.sleep(0.3)
+    with routed_by(FailingFirst(error)) as router:
+        with pytest.raises(type(error)):
+            scan()
+        [row] = calls()
+        assert (row.status, row.attempts, row.last_error) == (Status.PENDING, 0, "")
+        assert messages(queues) == []
+        scan()
+    [row] = calls()
+    assert row.status == Status.DISPATCHED and router.failed == 1
+    [(headers, _, _)] = messages(queues)
+    assert headers[FENCE_HEADER][:3] == [row.job_id, row.action_time.isoformat(), 1]
+
+
+def _with(**changes):
+    return lambda attribute: {**attribute, **changes}
+
+
+@pytest.mark.parametrize(("change", "router", "says"), [
+    (_with(format=99), None, "format 99"),
+    (_with(args=5), None, "TypeError('task args must be a list or tuple')"),
+    (_with(), FailingFirst(ValueError("no queue for this task")), "ValueError('no queue for this task')"),
+], ids=["unknown format", "args not a list", "refused by the router"])
+def test_a_call_that_can_never_become_a_message_ends_dead_and_says_why(queues, change, router, says):
+    tasks.record.apply_async((1,), countdown=0.2)
+    [row] = calls()
+    TimeoutTask.objects.filter(job_id=row.job_id).update(attribute=change(row.attribute))
+    time.sleep(0.3)
+    with routed_by(router or FailingFirst(None, times=0)):
+        scan()
+    [row] = calls()
+    assert row.status == Status.DEAD and row.attempts == 0
+    assert row.last_error.startswith("its message cannot be made: ") and says in row.last_error
     assert messages(queues) == []
 
 
