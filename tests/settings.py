@@ -29,6 +29,9 @@ for _alias in SHARD_ALIASES:
               if key in ("NAME", "USER", "PASSWORD", "HOST", "PORT")} if _url else {}
     DATABASES[_alias] = {**DATABASES["default"], **_where,  # noqa: F405
                          "TEST": {"NAME": f"{DATABASES['default']['TEST']['NAME']}_{_alias}"}}  # noqa: F405
+# Django's backend, with a cheaper flush between transactional tests (tests/postgresql/base.py).
+for _database in DATABASES.values():  # noqa: F405
+    _database["ENGINE"] = "tests.postgresql"
 if os.environ.get("TIMEOUTS_TEST_SHARDS"):
     TIMEOUTS = {**TIMEOUTS, "SHARDS": os.environ["TIMEOUTS_TEST_SHARDS"].split(",")}  # noqa: F405
 LOGGING["loggers"]["timeouts"]["level"] = os.environ.get("TIMEOUTS_LOG_LEVEL", "WARNING")  # noqa: F405
