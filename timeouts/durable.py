@@ -17,13 +17,11 @@ instead of a broker or a worker's memory (importable as `timeouts.celery.Durable
   when it raised Reject or anything else, or Celery killed it at its hard time limit (Celery
   records the FAILURE as usual; an operator may requeue the row). While the call runs, a thread
   of the worker process extends its lease (the call's hard time limit, else the task's `ttr`,
-  else DEFAULT_TTR) every third of it; a worker lost mid-run stops extending it, the lease runs
-  out, and the call runs again.
+  else DEFAULT_TTR) every third of it (leases.py); a worker lost mid-run stops extending it, the
+  lease runs out, and the call runs again.
 """
 
 import logging
-import os
-import threading
 import time
 import traceback
 from datetime import datetime, timedelta
@@ -134,7 +132,7 @@ def _not_yet_due(app, eta, countdown):
 
 def _run_fenced(task, fence, body, args, kwargs):
     """The worker's side: the compare-and-set start, the body, the outcome."""
-    from . import events, own_connection, running
+    from . import events, leases, own_connection, running
     from .models import TimeoutTask
     from .publishing import ETA_HEADROOM
     from .queries import is_partition_name
@@ -163,8 +161,8 @@ def _run_fenced(task, fence, body, args, kwargs):
                     task.name, task.request.id, job_id, attempt)
         raise Ignore()
     events.started(row, attempt)
-    _heartbeat.add(shard, key, attempt, row.ttr)
-    end = partial(_end, row, shard, key, attempt, partition)
+    lease = leases.heartbeat.add(shard, key, attempt, row.ttr)
+    end = partial(_end, row, shard, key, attempt, partition, lease=lease)
     try:
         result = body(*args, **kwargs)
     except Retry as exc:
@@ -186,7 +184,7 @@ def _run_fenced(task, fence, body, args, kwargs):
         end(row.Status.DONE, "")
         return result
     finally:  # also when the worker is shutting down (SystemExit): its lease then runs out
-        _heartbeat.remove(shard, key)
+        leases.heartbeat.remove(lease)
 
 
 def _end_timed_out(task_id, exc):
@@ -203,12 +201,12 @@ def _end_timed_out(task_id, exc):
         events.emit("dead", row["biz_type"])
 
 
-def _end(row, shard, key, attempt, partition, status, error):
+def _end(row, shard, key, attempt, partition, status, error, lease=None):
     """Record the outcome; a failure to record it is logged, not raised: the task's own outcome
     stands, and the row's lease runs out (the call runs again: at least once)."""
-    from . import events, own_connection, running
+    from . import events, leases, own_connection, running
 
-    _heartbeat.remove(shard, key)
+    leases.heartbeat.remove(lease)
     params = {**key, "attempt": attempt, "status": int(status), "error": running.error_text(error),
               "started_at": row.started_at}
     try:
@@ -221,65 +219,3 @@ def _end(row, shard, key, attempt, partition, status, error):
         logger.warning("timeouts: %s finished after its lease expired", row)
         return
     events.ran(row, "done" if status == row.Status.DONE else "dead")
-
-
-class _Heartbeat:
-    """Extends the leases of the calls running in this process, every third of the shortest lease,
-    from a thread of its own (with its own connection): a call may run longer than its lease
-    without being taken for lost, while the lease still finds a process that died (killed, out of
-    memory, its machine gone) within one lease."""
-
-    MIN_INTERVAL = 0.2  # seconds
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.running = {}  # (shard, job_id, action_time) -> (attempt, ttr)
-        self.wake = threading.Event()
-        self.pid = None
-
-    def add(self, shard, key, attempt, ttr):
-        with self.lock:
-            self.running[shard, key["job_id"], key["action_time"]] = (attempt, ttr)
-            if self.pid != os.getpid():  # none yet in this process (a pool process is forked)
-                self.pid = os.getpid()
-                threading.Thread(target=self._beat, name="timeouts-call-leases", daemon=True).start()
-        self.wake.set()
-
-    def remove(self, shard, key):
-        with self.lock:
-            self.running.pop((shard, key["job_id"], key["action_time"]), None)
-
-    def _beat(self):
-        from . import own_connection
-        from .queries import fetch_dicts
-
-        due = None  # monotonic time of the next extension
-        while True:
-            self.wake.clear()  # before reading: a call added meanwhile wakes the wait below
-            with self.lock:
-                ttrs = [ttr for _, ttr in self.running.values()]
-            if not ttrs:
-                due = None
-            else:
-                soonest = time.monotonic() + max(self.MIN_INTERVAL, min(ttrs) / 3)
-                due = soonest if due is None else min(due, soonest)
-            if self.wake.wait(None if due is None else max(0.0, due - time.monotonic())):
-                continue  # a call was added: its lease may be shorter
-            due = None
-            with self.lock:
-                running = dict(self.running)
-            if not running:
-                continue
-            calls = [(shard, job_id, action_time, attempt)
-                     for (shard, job_id, action_time), (attempt, _) in running.items()]
-            for shard, params in celery_calls.params_by_shard(calls).items():
-                try:
-                    with own_connection.used(shard):
-                        fetch_dicts("extend_call_leases", params)
-                except Exception:
-                    logger.exception("timeouts: could not extend the leases of %d running calls",
-                                     len(params["job_ids"]))
-                    own_connection.close()
-
-
-_heartbeat = _Heartbeat()

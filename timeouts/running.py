@@ -13,7 +13,7 @@ from celery.exceptions import WorkerShutdown, WorkerTerminate
 from django.db import InterfaceError, OperationalError, ProgrammingError
 from psycopg.errors import UndefinedTable
 
-from . import events, faults, own_connection
+from . import events, faults, leases, own_connection
 from .conf import notify_params
 from .models import TimeoutTask
 from .queries import fetch_one, is_partition_name
@@ -109,6 +109,9 @@ def run_leaving_done(job_id, action_time, attempt, partition=None, lease_extra=0
         return previous_outcome, "dropped", None
     events.started(task, attempt)
     faults.fault("run.after_start")
+    # A pool that cannot stop the handler at its hard time limit (the TTR) keeps its lease instead.
+    lease = None if leases.pool_stops_handlers() else leases.heartbeat.add(
+        own_connection.current().alias, key, attempt, task.ttr)
     try:
         get_handler(task.biz_type)(task)
     except BaseException as exc:
@@ -122,6 +125,8 @@ def run_leaving_done(job_id, action_time, attempt, partition=None, lease_extra=0
         outcome = "lost" if row is None else ("dead" if row["status"] == TimeoutTask.Status.DEAD else "retry")
         logger.warning("timeouts: %s attempt %s failed (%s)", task, attempt, outcome, exc_info=True)
         return previous_outcome, events.ran(task, outcome), None
+    finally:
+        leases.heartbeat.remove(lease)
     return previous_outcome, None, Done(task, key, attempt, partition)
 
 

@@ -139,3 +139,38 @@ def test_a_worker_whose_database_session_dies_after_the_handler_still_records_do
         processes.wait_for(lambda: TimeoutTask.objects.get(pk=task.pk).status == Status.DONE, 30,
                            message="the task to be DONE without waiting for its lease (60 s)")
         assert starts.count() == 1 and TimeoutTask.objects.get(pk=task.pk).attempts == 1
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("pool", ["threads", "solo"])
+def test_a_handler_slower_than_its_ttr_runs_once_on_a_pool_without_time_limits(broker, starts, pool):
+    """These pools cannot stop a handler at its hard time limit: the worker extends the task's lease
+    while the handler runs, and lease recovery does not dispatch the task again beside it."""
+    broker.flushdb()
+    with processes.running_worker(env=processes.django_env(), name=f"worker-{pool}", pool=pool, concurrency=2):
+        task = TimeoutTask.objects.schedule("test.slow", pool, delay=0, attribute={"sleep": 7})  # ttr 3 s
+        with processes.scanning(0.2):  # recovering expired leases, dispatching what is due
+            processes.wait_for(lambda: starts.count() == 1, 30, message="the handler to start")
+            processes.wait_for(lambda: TimeoutTask.objects.get(pk=task.pk).status == Status.DONE, 30,
+                               message="the handler to end")
+            time.sleep(1)  # another attempt would show now
+    assert [attempt for _, attempt, *_ in starts.all()] == [1]
+    done = TimeoutTask.objects.get(pk=task.pk)
+    assert (done.status, done.attempts, done.last_error) == (Status.DONE, 1, "")
+
+
+@pytest.mark.timeout(90)
+def test_a_handler_slower_than_its_ttr_is_stopped_at_it_on_prefork_and_runs_again(broker, starts):
+    """Prefork stops the handler at its hard time limit, its TTR, when its lease runs out: the next
+    attempt never runs beside it."""
+    broker.flushdb()
+    with processes.running_worker(env=processes.django_env(), name="worker-prefork"):
+        task = TimeoutTask.objects.schedule("test.slow", "prefork", delay=0, attribute={"sleep": 7})  # ttr 3 s
+        with processes.scanning(0.2):
+            processes.wait_for(lambda: TimeoutTask.objects.get(pk=task.pk).status == Status.DONE, 30,
+                               message="the second attempt to end")
+    first, second = starts.all()
+    assert [first[1], second[1]] == [1, 2]
+    assert (second[3] - first[3]).total_seconds() >= 3  # the first attempt's whole TTR
+    done = TimeoutTask.objects.get(pk=task.pk)
+    assert (done.status, done.attempts) == (Status.DONE, 2) and "lease" in done.last_error

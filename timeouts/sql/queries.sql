@@ -532,10 +532,11 @@ WHERE biz_id = %(task_id)s AND biz_type LIKE 'celery:%%' AND status = :RUNNING
 RETURNING job_id, biz_type;
 
 
--- name: extend_call_leases
--- The leases of the calls still running in one worker process (durable.py's heartbeat), fenced
--- as finish_task: a long call is not taken for lost while its process lives, and the leases of a
--- process that died run out as before.
+-- name: extend_leases
+-- The leases a worker process keeps alive (leases.py: DurableTask calls, calls started ahead that
+-- wait for a pool process, handlers in a pool without hard time limits), fenced as finish_task: such
+-- a task is not taken for lost while its process lives, and the leases of a process that died run
+-- out as before.
 UPDATE timeouts_task AS t
 SET lease_until = c.now + t.ttr * interval '1 second'
 FROM unnest(%(job_ids)s::bigint[], %(action_times)s::timestamptz[], %(attempts)s::integer[])
