@@ -27,9 +27,10 @@ the messages it holds for their eta (it shuts down, or its broker connection is 
 clears them, since they cannot be acknowledged on a new connection), the broker delivers them
 again, or never (Redis without ack emulation), but their attempts are taken. The consumer step
 `GiveBackStarts` gives those starts back (`give_back_call_starts`) whenever the consumer stops,
-so each call is published again at once rather than when its lease runs out, and a start given
-back is never handed to a pool process. A worker killed outright cannot: its calls run again once
-their leases run out, as those of a worker lost mid-run do.
+so each call is published again at once rather than when its lease runs out. A start is either
+handed to a pool process or given back, never both, whichever comes first (the consumer may stop
+on another thread than the timer's). A worker killed outright cannot give its starts back: its
+calls run again once their leases run out, as those of a worker lost mid-run do.
 """
 
 import logging
@@ -91,13 +92,14 @@ class StartingRequest(Request):
 
 
 class _Start:
-    """One call's start, from the thread that records it to the request that hands it over."""
+    """One call's start, from the thread that records it to the request that hands it over or the
+    consumer step that gives it back: one of the two, never both."""
 
     def __init__(self, fence):
         self.fence = fence
         self.lock = threading.Lock()
-        # then "starting" and "answered", or "abandoned" (the pool process starts it), or
-        # "given back" (the worker dropped the message)
+        # then "starting" and "answered", then "handed over" (to a pool process) or "given back"
+        # (the worker dropped the message); or "abandoned" (the pool process starts it itself)
         self.state = "waiting"
         self.started = None  # what the pool process gets: {"row": ..., "not_before": ...}
         self.answered = threading.Event()
@@ -110,8 +112,8 @@ class _Start:
             return True
 
     def answer(self, started) -> bool:
-        """Record the answer; False if the start was given back meanwhile (the caller then gives
-        back what it recorded)."""
+        """Record the answer; False if the start was given back or abandoned meanwhile (the caller
+        then gives back what it recorded)."""
         with self.lock:
             kept = self.state == "starting"
             if kept:
@@ -120,27 +122,35 @@ class _Start:
         return kept
 
     def give_back(self):
-        """The recorded start to give back, or None; never handed over after this."""
+        """The recorded start to give back, or None; never handed over after this. One handed over
+        already is the pool process's: None."""
         with self.lock:
+            if self.state in ("handed over", "abandoned"):
+                return None
             started = self.started if self.state == "answered" else None
             self.started, self.state = None, "given back"
         self.answered.set()
         return started
 
     def take(self):
-        """The recorded start, once; None when there is none (the pool process then starts it)."""
+        """The recorded start, handed over once, and never given back after this; None when there is
+        none (the pool process then starts the call itself)."""
         _starter.taken(self)
         with self.lock:
             if self.state == "waiting":
                 self.state = "abandoned"
                 return None
         if not self.answered.wait(ANSWER_TIMEOUT):
-            # The compare-and-set may have committed: the pool process's own then fails and drops
-            # the message, and the call runs again once its lease runs out (late, not lost).
             logger.warning("timeouts: no answer in %s s to the start of job %s", ANSWER_TIMEOUT, self.fence[0])
-            return None
         with self.lock:
-            return self.started
+            if self.state == "answered" and self.started is not None:
+                self.state = "handed over"
+                return self.started
+            if self.state == "starting":
+                # No answer in time. If the start commits, the thread gives it back on its answer;
+                # the pool process's own compare-and-set takes either the row or nothing.
+                self.state = "abandoned"
+            return None
 
 
 class _Starter:

@@ -1,13 +1,17 @@
 """The hand-over between the worker's main-process thread that starts calls ahead and the timer
 that sends them to a pool process: each compare-and-set is run by one of the two, never both, and
-a start given back (the worker dropped its message) is never handed over."""
+a start is either handed over or given back (the worker dropped its message), never both. With a
+database: tests/integration/test_call_starts.py."""
 
 import threading
 import time
 
+from timeouts import call_starts
 from timeouts.call_starts import _DatabaseClock, _Start
 
 FENCE = [1, "2026-01-01T00:00:00+00:00", 1, None, "default"]
+# What the thread's compare-and-set answers.
+STARTED = {"row": {"job_id": 1, "ttr": 60}, "not_before": 0.0}
 
 
 def test_a_start_the_thread_has_not_begun_is_abandoned_and_never_run():
@@ -19,9 +23,8 @@ def test_a_start_the_thread_has_not_begun_is_abandoned_and_never_run():
 def test_a_start_being_run_is_waited_for_and_handed_over():
     start = _Start(FENCE)
     assert start.begin() is True
-    started = {"row": {"job_id": 1}, "not_before": 0.0}
-    threading.Timer(0.05, start.answer, (started,)).start()
-    assert start.take() == started
+    threading.Timer(0.05, start.answer, (STARTED,)).start()
+    assert start.take() == STARTED
 
 
 def test_a_refused_start_hands_over_nothing():
@@ -41,17 +44,32 @@ def test_a_start_given_back_before_it_begins_is_never_run_nor_handed_over():
 def test_a_recorded_start_given_back_is_never_handed_over():
     start = _Start(FENCE)
     assert start.begin() is True
-    started = {"row": {"job_id": 1}, "not_before": 0.0}
-    assert start.answer(started) is True
-    assert start.give_back() == started
+    assert start.answer(STARTED) is True
+    assert start.give_back() == STARTED
     assert start.take() is None
+
+
+def test_a_start_handed_over_is_never_given_back():
+    start = _Start(FENCE)
+    assert start.begin() is True
+    assert start.answer(STARTED) is True
+    assert start.take() == STARTED
+    assert start.give_back() is None  # the pool process runs it: nothing goes back to the database
+
+
+def test_a_start_that_answers_too_late_is_abandoned_and_given_back_by_the_thread(monkeypatch):
+    monkeypatch.setattr(call_starts, "ANSWER_TIMEOUT", 0.01)
+    start = _Start(FENCE)
+    assert start.begin() is True
+    assert start.take() is None  # the pool process tries the compare-and-set itself
+    assert start.answer(STARTED) is False  # so the thread gives back what it recorded
 
 
 def test_a_start_given_back_while_being_recorded_is_left_to_the_thread_to_give_back():
     start = _Start(FENCE)
     assert start.begin() is True
     assert start.give_back() is None  # its answer has not come yet
-    assert start.answer({"row": {"job_id": 1}, "not_before": 0.0}) is False  # the thread gives it back
+    assert start.answer(STARTED) is False  # the thread gives it back
     assert start.take() is None
 
 
