@@ -15,6 +15,13 @@ is ETA_HEADROOM before run_at, the time the main process takes to hand a message
 process), the start goes to the pool process with the message: that process waits out the rest
 of run_at by the database clock (`_DatabaseClock`) and runs the body at once.
 
+A call may wait for a pool process long after its eta, when every process is busy. Its start is
+leased meanwhile: the main process keeps the lease alive (leases.py) from the start's answer until
+the pool process takes the call over, and the pool process runs the body only once the database
+confirms that the start still holds (`confirm_start`, which renews the lease); else it drops the
+message. So a call is never run on a start that lease recovery took back, nor after a cancel that
+returned True.
+
 Whatever happens, the compare-and-set is run once, by one process, for each message:
 - not started yet when the eta comes (a slow database): the thread no longer runs it, and the
   pool process starts the call itself, as for a message received without an ETA;
@@ -42,8 +49,10 @@ from datetime import datetime
 
 from celery import bootsteps
 from celery.signals import worker_init
+from celery.worker import state as worker_state
 from celery.worker.request import Request
 
+from . import leases
 from .celery_calls import FENCE_HEADER, params_by_shard
 
 logger = logging.getLogger(__name__)
@@ -86,9 +95,14 @@ class StartingRequest(Request):
     def _hand_over_start(self):
         """Put the start recorded ahead, if any, into the fence the pool process reads."""
         ahead, self._ahead = self._ahead, None
-        started = ahead and ahead.take()
+        started = ahead and ahead.take(self._waits_for_a_process)
         if started is not None:
             self._request_dict[FENCE_HEADER] = [*self._request_dict[FENCE_HEADER], started]
+
+    def _waits_for_a_process(self) -> bool:
+        """Handed to the pool, and neither taken by a pool process (accepted), nor ended, nor
+        dropped yet, as the worker's state tracks its requests."""
+        return self in worker_state.reserved_requests and self not in worker_state.active_requests
 
 
 class _Start:
@@ -102,6 +116,7 @@ class _Start:
         # (the worker dropped the message); or "abandoned" (the pool process starts it itself)
         self.state = "waiting"
         self.started = None  # what the pool process gets: {"row": ..., "not_before": ...}
+        self.lease = None  # the recorded start's, which this process keeps (leases.py)
         self.answered = threading.Event()
 
     def begin(self) -> bool:
@@ -113,11 +128,16 @@ class _Start:
 
     def answer(self, started) -> bool:
         """Record the answer; False if the start was given back or abandoned meanwhile (the caller
-        then gives back what it recorded)."""
+        then gives back what it recorded). A start recorded is leased: the lease is kept from now
+        until the start is given back, or taken over by the pool process that runs the call."""
         with self.lock:
             kept = self.state == "starting"
             if kept:
                 self.started, self.state = started, "answered"
+                if started is not None:
+                    job_id, action_time, attempt, _, shard = self.fence
+                    key = {"job_id": job_id, "action_time": datetime.fromisoformat(action_time)}
+                    self.lease = leases.heartbeat.add(shard, key, attempt, started["row"]["ttr"])
         self.answered.set()
         return kept
 
@@ -129,12 +149,15 @@ class _Start:
                 return None
             started = self.started if self.state == "answered" else None
             self.started, self.state = None, "given back"
+            leases.heartbeat.remove(self.lease)
         self.answered.set()
         return started
 
-    def take(self):
+    def take(self, waiting=None):
         """The recorded start, handed over once, and never given back after this; None when there is
-        none (the pool process then starts the call itself)."""
+        none (the pool process then starts the call itself). This process keeps its lease for as
+        long as `waiting()` says that the request waits for a pool process, whose own heartbeat
+        then keeps it."""
         _starter.taken(self)
         with self.lock:
             if self.state == "waiting":
@@ -145,6 +168,10 @@ class _Start:
         with self.lock:
             if self.state == "answered" and self.started is not None:
                 self.state = "handed over"
+                if waiting is None:
+                    leases.heartbeat.remove(self.lease)
+                else:
+                    self.lease.keep = waiting
                 return self.started
             if self.state == "starting":
                 # No answer in time. If the start commits, the thread gives it back on its answer;

@@ -18,7 +18,9 @@ instead of a broker or a worker's memory (importable as `timeouts.celery.Durable
   records the FAILURE as usual; an operator may requeue the row). While the call runs, a thread
   of the worker process extends its lease (the call's hard time limit, else the task's `ttr`,
   else DEFAULT_TTR) every third of it (leases.py); a worker lost mid-run stops extending it, the
-  lease runs out, and the call runs again.
+  lease runs out, and the call runs again. A call started ahead that waits for a pool process has
+  its lease kept by the worker's main process meanwhile, and its body runs only once the database
+  confirms that its start still holds.
 """
 
 import logging
@@ -142,28 +144,31 @@ def _run_fenced(task, fence, body, args, kwargs):
     started_ahead = rest[1] if len(rest) > 1 else None  # by the worker's main process: call_starts.py
     key = {"job_id": job_id, "action_time": datetime.fromisoformat(action_time)}
     partition = partition if is_partition_name(partition) else None
-    if started_ahead is not None:
-        row = TimeoutTask._from_row(started_ahead["row"], using=shard)
-        wait = started_ahead["not_before"] - time.monotonic()
-        if wait > 0:  # run_at by the database clock
-            time.sleep(wait)
-        # Recorded as starting at run_at, but the body starts now, later if the call waited for a
-        # process: its lateness, and its started_at once its outcome is recorded.
-        row.started_at = row.run_at + timedelta(seconds=max(0.0, time.monotonic() - started_ahead["not_before"]))
-    else:
-        with own_connection.used(shard):
+    with own_connection.used(shard):
+        if started_ahead is not None:
+            # The start may be long past: the call may have waited for a pool process. It runs only
+            # if the start still holds, which the statement checks while the call waits for its eta.
+            row = TimeoutTask._from_row(started_ahead["row"], using=shard)
+            if not running.confirm_start(key, attempt, partition):
+                logger.warning("timeouts: dropped %s[%s] (job %s attempt %s): its start, recorded ahead, no "
+                               "longer holds (its lease ran out while it waited for a process)",
+                               task.name, task.request.id, job_id, attempt)
+                raise Ignore()
+        else:
             # Not started ahead (received late, or the main process's start did not answer in
             # time): a call claimed ahead still reaches its pool process ETA_HEADROOM before its
             # eta, its start is recorded then, and start() returns at the eta by the database clock.
             row = running.start(key, attempt, 0.0, partition, ahead=ETA_HEADROOM.total_seconds())
-    if row is None:
-        logger.info("timeouts: dropped a stale message of %s[%s] (job %s attempt %s)",
-                    task.name, task.request.id, job_id, attempt)
-        raise Ignore()
-    events.started(row, attempt)
+            if row is None:
+                logger.info("timeouts: dropped a stale message of %s[%s] (job %s attempt %s)",
+                            task.name, task.request.id, job_id, attempt)
+                raise Ignore()
     lease = leases.heartbeat.add(shard, key, attempt, row.ttr)
     end = partial(_end, row, shard, key, attempt, partition, lease=lease)
     try:
+        if started_ahead is not None:
+            _wait_until(started_ahead["not_before"], row)
+        events.started(row, attempt)
         result = body(*args, **kwargs)
     except Retry as exc:
         end(row.Status.DONE, f"retried: {exc}")
@@ -185,6 +190,16 @@ def _run_fenced(task, fence, body, args, kwargs):
         return result
     finally:  # also when the worker is shutting down (SystemExit): its lease then runs out
         leases.heartbeat.remove(lease)
+
+
+def _wait_until(not_before, row):
+    """Until the call's run_at by the database clock (`not_before`, in time.monotonic()), then its
+    started_at: its start was recorded as at run_at, but the body starts now, later if it waited for a
+    process. That is its lateness, and its started_at once its outcome is recorded."""
+    wait = not_before - time.monotonic()
+    if wait > 0:
+        time.sleep(wait)
+    row.started_at = row.run_at + timedelta(seconds=max(0.0, time.monotonic() - not_before))
 
 
 def _end_timed_out(task_id, exc):

@@ -71,7 +71,7 @@ QUERIES["insert_task_autocommit"] = QUERIES["insert_task"].replace(NOTIFY_ONCE_P
 # (own_connection.py). Django's own cursors bind on the client and never prepare, so nothing else
 # of the host's changes. A migration that adds a column is harmless: psycopg prepares again (test_prepared.py).
 PREPARED = frozenset({"insert_task", "insert_task_autocommit", "claim_due", "start_task", "finish_task",
-                      "finish_then_start_task", "fail_task",
+                      "finish_then_start_task", "fail_task", "confirm_start",
                       "tasks_backend_started", "tasks_backend_returned", "tasks_backend_failed"})
 
 
@@ -104,7 +104,7 @@ def execute(name, params=None, *, using=None, partition=None):
 #   IS NOT DISTINCT FROM (`=` for these NOT NULL columns), neither is an index condition, so only
 #   the primary key (job_id first) can serve the lookup. The parent keeps `action_time = $2`, which
 #   it needs to prune partitions; both queries compare the state so themselves.
-ON_PARTITION = frozenset({"start_task", "finish_task", "finish_then_start_task", "end_call",
+ON_PARTITION = frozenset({"start_task", "finish_task", "finish_then_start_task", "end_call", "confirm_start",
                           "tasks_backend_started", "tasks_backend_returned", "tasks_backend_failed"})
 PARENT_UPDATE = "\nUPDATE timeouts_task\n"
 PARENT_KEY = re.compile(r"WHERE job_id = (%\(\w+\)s) AND action_time = (%\(\w+\)s)")

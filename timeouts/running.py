@@ -240,6 +240,12 @@ def start_ahead(key: dict, attempt: int, partition: str | None, ahead: float):
     return _compare_and_set({**key, "attempt": attempt, "lease_extra": 0.0, "ahead": ahead}, partition)
 
 
+def confirm_start(key: dict, attempt: int, partition: str | None = None) -> bool:
+    """Whether a start recorded earlier (start_ahead) still holds, its lease renewed for a whole TTR:
+    the body of a call may run only then."""
+    return _on_a_new_connection_if_broken("confirm_start", {**key, "attempt": attempt}, (0.0,), partition) is not None
+
+
 def _compare_and_set(params, partition=None):
     """start_task, again on a new connection if the connection turns out to be broken: a worker
     checks its connection's health after each message, not before the next (tasks.py), so one that

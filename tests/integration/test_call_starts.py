@@ -1,19 +1,28 @@
-"""A DurableTask call started ahead by the worker's main process, with the database: the hand-over
-of a start racing its give-back when the consumer stops on another thread (call_starts.py; without
-a database: tests/unit)."""
+"""A DurableTask call started ahead by the worker's main process, with the database: the confirmation
+its pool process asks for before the body, and the hand-over of a start racing its give-back when
+the consumer stops on another thread (call_starts.py; without a database: tests/unit)."""
 
 import threading
+from datetime import timedelta
 
 import pytest
+from celery.exceptions import Ignore
 from django.db import connection
 
 from tests.factories import make_task
-from timeouts import own_connection
+from tests.testapp import tasks
+from timeouts import own_connection, running
 from timeouts.call_starts import _Start, _starter
+from timeouts.durable import _run_fenced
 from timeouts.models import TimeoutTask
 from timeouts.queries import fetch_one
+from timeouts.recovery import recover_expired
 
 Status = TimeoutTask.Status
+
+
+def key_of(task) -> dict:
+    return {"job_id": task.job_id, "action_time": task.action_time}
 
 
 def partition_of(task) -> str:
@@ -22,9 +31,58 @@ def partition_of(task) -> str:
         return cursor.fetchone()[0]
 
 
+def lease_left(task) -> float:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT extract(epoch FROM lease_until - clock_timestamp()) FROM timeouts_task "
+                       "WHERE job_id = %s", [task.job_id])
+        return float(cursor.fetchone()[0])
+
+
 def state(task):
     task = TimeoutTask.objects.get(job_id=task.job_id)
     return task.status, task.attempts
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("on_partition", [True, False])
+def test_confirm_start_holds_for_the_running_attempt_and_renews_its_lease(on_partition):
+    task = make_task(Status.RUNNING, lease=timedelta(seconds=-5))  # run out, not recovered yet
+    partition = partition_of(task) if on_partition else None
+    assert running.confirm_start(key_of(task), 2, partition) is False  # another attempt's
+    assert running.confirm_start(key_of(task), 1, partition) is True
+    assert task.ttr - 5 < lease_left(task) <= task.ttr
+
+
+@pytest.mark.django_db
+def test_confirm_start_refuses_a_start_that_lease_recovery_took_back():
+    task = make_task(Status.RUNNING, lease=timedelta(seconds=-5))
+    assert recover_expired() == 1
+    assert running.confirm_start(key_of(task), 1, partition_of(task)) is False
+    assert state(task) == (Status.PENDING, 1)  # untouched
+
+
+@pytest.mark.django_db
+def test_confirm_start_refuses_an_ended_start():
+    task = make_task(Status.DONE)
+    assert running.confirm_start(key_of(task), 1) is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_call_whose_start_ahead_no_longer_holds_is_dropped_before_its_body():
+    """The main process recorded the start; the call waited for a process until its lease ran out
+    and lease recovery took it back. Its body does not run."""
+    task = make_task(Status.RUNNING, lease=timedelta(seconds=-5))
+    started = {"row": fetch_one("find_task", {"job_id": task.job_id}), "not_before": 0.0}
+    assert recover_expired() == 1
+    fence = [task.job_id, task.action_time.isoformat(), 1, partition_of(task), "default", started]
+    ran = []
+    try:
+        with pytest.raises(Ignore):
+            _run_fenced(tasks.record, fence, lambda: ran.append(True), (), {})
+    finally:
+        own_connection.close()
+    assert ran == []
+    assert state(task) == (Status.PENDING, 1)
 
 
 # --- A start handed over while the consumer gives the starts back -----------------------------------

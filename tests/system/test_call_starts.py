@@ -3,6 +3,8 @@ waits for its eta: real worker processes, a real dispatcher process, the real br
 
 import signal
 import time
+from contextlib import contextmanager
+from datetime import UTC, datetime
 
 import pytest
 from django.db import connection
@@ -10,6 +12,7 @@ from django.test import override_settings
 from django.urls import path
 from prometheus_client.parser import text_string_to_metric_families
 
+import timeouts.celery
 from tests import processes
 from tests.brokers import drop_connections
 from tests.system.test_dispatcher import dispatcher_process
@@ -25,6 +28,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 LEAD = "0.8"
 # Seconds the slow calls keep every pool process busy: from before a call's eta to well after it.
 BUSY_FOR = 1.5
+# Seconds a slow call holds a worker's one pool process, while a call of a 1 s lease started ahead
+# waits for it from its eta on, well past its lease.
+HOLDS_THE_PROCESS = 6
 urlpatterns = [path("metrics/timeouts", metrics.metrics_view)]
 
 
@@ -125,3 +131,59 @@ def test_a_call_started_ahead_that_waits_for_a_process_counts_its_true_lateness(
                if s.labels.get("biz_type") == "celery:tests.durable.record" and "le" not in s.labels}
     assert samples["timeouts_lateness_seconds_count"] == 1
     assert abs(samples["timeouts_lateness_seconds_sum"] - late) < 0.1, (samples, late)
+
+
+@contextmanager
+def a_call_waiting_past_its_lease(runs, pool="prefork"):
+    """A worker of one pool process (or thread), busy with a slow call; the dispatcher, and the scan
+    recovering expired leases every 0.1 s. Yields the AsyncResult of a call whose lease is 1 s, started ahead
+    by the worker's main process, once it has waited for the process past its eta and its lease;
+    then waits until every message the worker took has run."""
+    with processes.running_worker(env=processes.django_env(), name=f"one-{pool}", pool=pool, concurrency=1):
+        with dispatcher_process("dispatcher", "--lead", LEAD), processes.scanning(0.1):
+            tasks.slow.delay(HOLDS_THE_PROCESS)  # published at once: the process is busy from now on
+            processes.wait_for(lambda: runs.count("tests.durable.slow") == 1, 30, message="the slow call")
+            result = tasks.short_lease.apply_async(("waits",), countdown=1.5)
+            processes.wait_for(lambda: started_before_due() == 1, 30, interval=0.01,
+                               message="the call started before its eta")
+            run_at = calls().get(biz_id=result.id).run_at
+            # Past its eta, its 1 s lease and a few scans, while the slow call still holds the process.
+            time.sleep(max(0.0, (run_at - datetime.now(UTC)).total_seconds() + 2.5))
+            assert runs.count("tests.durable.short_lease") == 0, "the call ran before the process was free"
+            yield result
+            # Behind every message the worker holds for its one process: when it has run, they have.
+            tasks.record.delay("last")
+            processes.wait_for(lambda: runs.count("tests.durable.record") == 1 and settled(), 30,
+                               message="every call to settle")
+            time.sleep(1)  # a second run would show now
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("pool", [
+    "prefork",  # the call waits in the worker's main process, for a process to free
+    "threads",  # the call is handed to the pool at once, and waits there for its one thread
+])
+def test_a_call_started_ahead_is_kept_while_it_waits_for_a_process_past_its_lease_and_runs_once(
+        transactional_db, broker, runs, pool):
+    broker.flushdb()
+    with a_call_waiting_past_its_lease(runs, pool) as result:
+        row = calls().get(biz_id=result.id)
+        assert (row.status, row.attempts) == (Status.RUNNING, 1), "its lease ran out while it waited"
+    assert [r[0] for r in runs.all("tests.durable.short_lease")] == [result.id]
+    row = calls().get(biz_id=result.id)
+    assert (row.status, row.attempts, row.last_error) == (Status.DONE, 1, "")
+
+
+@pytest.mark.timeout(90)
+def test_a_cancel_while_a_started_call_waits_for_a_process_is_refused_or_wins(transactional_db, broker, runs):
+    """The call is started: a cancel returns False, and the call runs once. A cancel that returned
+    True (had its start been lost meanwhile) would mean that it never runs."""
+    broker.flushdb()
+    with a_call_waiting_past_its_lease(runs) as result:
+        deadline = time.monotonic() + 1  # cancels for a second of its wait
+        cancelled = timeouts.celery.cancel(result.id)
+        while not cancelled and time.monotonic() < deadline:
+            time.sleep(0.1)
+            cancelled = timeouts.celery.cancel(result.id)
+    ran = [r[0] for r in runs.all("tests.durable.short_lease")]
+    assert ran == ([] if cancelled else [result.id]), (cancelled, ran)

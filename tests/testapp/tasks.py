@@ -91,6 +91,12 @@ def longer_than_its_lease(self, seconds):
     time.sleep(seconds)
 
 
+@shared_task(base=DurableTask, bind=True, name="tests.durable.short_lease", ttr=1)
+def short_lease(self, *args):
+    """Records its run; its lease (1 s) runs out soon unless something extends it."""
+    record_call(self, args, {})
+
+
 @shared_task(base=DurableTask, bind=True, name="tests.durable.reject")
 def reject(self):
     record_call(self, [], {})

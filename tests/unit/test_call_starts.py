@@ -6,12 +6,17 @@ database: tests/integration/test_call_starts.py."""
 import threading
 import time
 
-from timeouts import call_starts
+from timeouts import call_starts, leases
 from timeouts.call_starts import _DatabaseClock, _Start
 
 FENCE = [1, "2026-01-01T00:00:00+00:00", 1, None, "default"]
-# What the thread's compare-and-set answers.
+# What the thread's compare-and-set answers (a long lease: no extension falls due in these tests).
 STARTED = {"row": {"job_id": 1, "ttr": 60}, "not_before": 0.0}
+
+
+def kept(start) -> bool:
+    """Whether this process keeps the start's lease."""
+    return start.lease is not None and start.lease in leases.heartbeat.leases
 
 
 def test_a_start_the_thread_has_not_begun_is_abandoned_and_never_run():
@@ -45,7 +50,9 @@ def test_a_recorded_start_given_back_is_never_handed_over():
     start = _Start(FENCE)
     assert start.begin() is True
     assert start.answer(STARTED) is True
+    assert kept(start)
     assert start.give_back() == STARTED
+    assert not kept(start)
     assert start.take() is None
 
 
@@ -57,12 +64,25 @@ def test_a_start_handed_over_is_never_given_back():
     assert start.give_back() is None  # the pool process runs it: nothing goes back to the database
 
 
+def test_a_start_handed_over_keeps_its_lease_while_its_request_waits_for_a_process():
+    start = _Start(FENCE)
+    start.begin()
+    start.answer(STARTED)
+    waiting = threading.Event()
+    waiting.set()
+    assert start.take(waiting.is_set) == STARTED
+    assert kept(start) and start.lease.kept()
+    waiting.clear()  # a pool process took it over: its own heartbeat keeps the lease from now on
+    assert not start.lease.kept()
+
+
 def test_a_start_that_answers_too_late_is_abandoned_and_given_back_by_the_thread(monkeypatch):
     monkeypatch.setattr(call_starts, "ANSWER_TIMEOUT", 0.01)
     start = _Start(FENCE)
     assert start.begin() is True
     assert start.take() is None  # the pool process tries the compare-and-set itself
     assert start.answer(STARTED) is False  # so the thread gives back what it recorded
+    assert not kept(start)
 
 
 def test_a_start_given_back_while_being_recorded_is_left_to_the_thread_to_give_back():
@@ -70,6 +90,7 @@ def test_a_start_given_back_while_being_recorded_is_left_to_the_thread_to_give_b
     assert start.begin() is True
     assert start.give_back() is None  # its answer has not come yet
     assert start.answer(STARTED) is False  # the thread gives it back
+    assert not kept(start)
     assert start.take() is None
 
 

@@ -511,6 +511,22 @@ WHERE t.job_id = r.job_id AND t.action_time = r.action_time AND t.status = :RUNN
 RETURNING timeouts_notify_v1(%(channel)s, t.run_at, c.now + %(horizon)s * interval '1 second');
 
 
+-- name: confirm_start
+-- Right before the body of a call whose start the worker's main process recorded ahead
+-- (call_starts.py), maybe long before if it waited for a pool process: that start still holds
+-- (RUNNING for this attempt: lease recovery moves a started call on, nothing else does) and its
+-- lease is renewed for a whole TTR, which the pool process's heartbeat (leases.py) then keeps.
+-- Matching nothing, the call is not run. Committed without waiting for the WAL flush: a database
+-- crash that loses it leaves the lease as it was, and the call may run again (at least once), while
+-- the body starts a disk flush sooner. The state is compared as in start_task.
+UPDATE timeouts_task
+SET lease_until = c.now + ttr * interval '1 second'
+FROM (SELECT clock_timestamp() AS now, set_config('synchronous_commit', 'off', true)) AS c
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s
+  AND (status, attempts) IS NOT DISTINCT FROM (:RUNNING, %(attempt)s)
+RETURNING job_id;
+
+
 -- name: cancel_call
 -- Every waiting call of one Celery task_id (a retry keeps the task_id), by the (biz_id, biz_type)
 -- index. Fenced by the worker's compare-and-set as cancel_task is.
