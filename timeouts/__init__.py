@@ -8,6 +8,7 @@ from .errors import (
     InvalidBizType,
     InvalidOption,
     InvalidTime,
+    ShardOutsideTransaction,
     TaskConflict,
     TimeoutsError,
     UnknownBizType,
@@ -19,7 +20,7 @@ __all__ = [
     "handler", "schedule", "bulk_schedule", "cancel",
     "Limits", "limits", "set_limits", "reset_limits", "pause", "resume",
     "TimeoutsError", "InvalidAttribute", "InvalidBizId", "InvalidBizType", "InvalidOption", "InvalidTime",
-    "TaskConflict", "UnknownBizType",
+    "ShardOutsideTransaction", "TaskConflict", "UnknownBizType",
 ]
 
 

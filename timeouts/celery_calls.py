@@ -26,6 +26,7 @@ from django.db import OperationalError as DatabaseOperationalError
 from django.db import connections
 from kombu.exceptions import OperationalError as KombuOperationalError
 from kombu.utils import json as kombu_json
+from kombu.utils.uuid import uuid
 
 from . import events, own_connection, shards, validation
 from .conf import get_settings
@@ -55,6 +56,8 @@ LOCAL_OPTIONS = frozenset({"eta", "countdown", "producer", "connection", "router
 MESSAGE_OPTIONS = ("group_id", "group_index", "expires", "retries", "chord", "callbacks", "errbacks", "reply_to",
                    "time_limit", "soft_time_limit", "root_id", "parent_id", "shadow", "chain", "origin",
                    "ignore_result", "replaced_task_nesting", "stamped_headers", "argsrepr", "kwargsrepr")
+# new_task_id()'s tries: far more than a shard holding a single slot of shards.SLOTS needs.
+MAX_TASK_ID_TRIES = 100_000
 # Seconds of lease beyond a call's hard time limit: Celery kills the task at its limit, counted
 # from a moment just before the compare-and-set that starts the lease.
 TIME_LIMIT_MARGIN = 1
@@ -84,7 +87,8 @@ def store(app, name, args, kwargs, task_id, eta, options, *, ttr=None):
     is one. `options` are what Celery's Task.apply_async hands to send_task (the task's execution
     options merged in). Raises InvalidAttribute (a TimeoutsError) for what JSON cannot carry, or
     a call over MAX_ATTRIBUTE_BYTES, before any statement: nothing is stored. The row goes to the
-    shard of its task_id (cancel() finds it there)."""
+    shard of its task_id (cancel() finds it there); inside the caller's transaction, a shard outside
+    it raises ShardOutsideTransaction (new_task_id() picks one inside it)."""
     from .models import TimeoutTask
     from .scheduling import NewTask, _insert
 
@@ -109,7 +113,24 @@ def store(app, name, args, kwargs, task_id, eta, options, *, ttr=None):
                   attribute=attribute_text, max_attempts=settings.DEFAULT_MAX_ATTEMPTS, ttr=int(ttr),
                   on_conflict=None)
     where = shards.hashed(new.biz_id)
+    shards.require_transaction([where.alias], f"the call {name}[{task_id}]",
+                               "leave the task_id to DurableTask, which then picks one that lands on a shard "
+                               "of your transaction")
     return events.scheduled(_insert(TimeoutTask, new, where, connections[where.alias]), where.alias)
+
+
+def new_task_id() -> str:
+    """A new Celery task_id; inside the caller's transaction, one whose row lands on a shard that
+    the transaction holds (a row's shard is its task_id's hash), so that storing the call is part
+    of it. Each try lands there with that shards' share of the slots."""
+    held = shards.shards_in_transaction()
+    task_id = uuid()
+    if held:
+        for _ in range(MAX_TASK_ID_TRIES):
+            if shards.hashed(task_id).alias in held:
+                break
+            task_id = uuid()
+    return task_id  # else store() refuses it, and says why
 
 
 def _call(app, name, args, kwargs, task_id, options):

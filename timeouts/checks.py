@@ -14,6 +14,7 @@ mistakes that would otherwise show up later as tasks that never run.
 | timeouts.W004 | warning | handlers' ORM queries open a connection per Celery task (no DB reuse, CONN_MAX_AGE 0) |
 | timeouts.W005 | warning | the Celery app is not wired by timeouts.celery.setup(), or a setting it sets differs |
 | timeouts.W006 | warning | a shard other than "default" lacks migrations or a partition for now (`check --database`) |
+| timeouts.W007 | warning | ATOMIC_REQUESTS leaves shards outside a view's transaction: its tasks there are refused |
 """
 
 from datetime import timedelta
@@ -115,6 +116,45 @@ def check_shards(app_configs=None, databases=None, **kwargs):
                                     "timeouts.maintain beat task, which maintains every shard.",
                 id="timeouts.W006"))
     return problems
+
+
+@register()
+def check_transactional_scheduling(app_configs=None, **kwargs):
+    """ATOMIC_REQUESTS puts every view inside a transaction on its database. With several shards, a
+    view's task that goes to a shard outside that transaction is refused (ShardOutsideTransaction),
+    so a configuration that sends tasks there is a view that fails, not a view that schedules."""
+    try:
+        settings_ = conf.get_settings()
+    except Exception:  # check_settings reports it
+        return []
+    shards = tuple(settings_.SHARDS)
+    if shards == (DEFAULT_DB_ALIAS,):
+        return []
+    # A host's other databases are none of timeouts' business: only default's and the shards' count.
+    counted = [alias for alias in dict.fromkeys((DEFAULT_DB_ALIAS, *shards)) if alias in connections]
+    atomic = [alias for alias in counted if connections.settings[alias].get("ATOMIC_REQUESTS")]
+    if not atomic:
+        return []
+    held = [alias for alias in shards if alias in atomic]
+    outside = [alias for alias in shards if alias not in atomic]
+    names = ", ".join(repr(alias) for alias in atomic)
+    if not held:
+        return [Warning(
+            f"ATOMIC_REQUESTS is on for {names}, which holds none of TIMEOUTS['SHARDS']: every task a view "
+            "schedules (schedule(), bulk_schedule(), a DurableTask call, a Django task) is refused with "
+            "ShardOutsideTransaction, since it would commit apart from the view's transaction.",
+            hint="Schedule in transaction.on_commit(), mark the views that schedule "
+                 "@transaction.non_atomic_requests, or make the database of your views' transactions a shard.",
+            id="timeouts.W007")]
+    if settings_.SHARD_ROUTER is not None or not outside:
+        return []
+    return [Warning(
+        f"ATOMIC_REQUESTS is on for {names} but not for the shards {', '.join(repr(a) for a in outside)}, and no "
+        "SHARD_ROUTER is set: a view's schedule() or bulk_schedule() whose biz_id hashes to one of those is refused "
+        "with ShardOutsideTransaction, since it would commit apart from the view's transaction.",
+        hint="Set TIMEOUTS['SHARD_ROUTER'] to a function that keeps tasks on the database of your views' "
+             "transactions, or schedule in transaction.on_commit() (docs: howto/shards).",
+        id="timeouts.W007")]
 
 
 def _unapplied_migrations(alias) -> list[str]:

@@ -34,7 +34,6 @@ from celery.exceptions import Ignore, Reject, Retry, TimeLimitExceeded
 from celery.utils.time import maybe_make_aware
 from dateutil.parser import isoparse
 from django.db import DEFAULT_DB_ALIAS
-from kombu.utils.uuid import uuid
 
 from . import celery_calls, registry, shards
 from .celery_calls import FENCE_HEADER
@@ -93,7 +92,7 @@ class DurableTask(Task):
         if dump_pydantic_arguments is not None:
             args, kwargs = dump_pydantic_arguments(args, kwargs)
         options.setdefault("ignore_result", self.ignore_result)
-        task_id = task_id or uuid()
+        task_id = task_id or celery_calls.new_task_id()  # on a shard of the caller's transaction
         celery_calls.store(app, self.name, args, kwargs, task_id, eta,
                            {**options, "link": link, "link_error": link_error, "shadow": shadow}, ttr=self.ttr)
         result = self.AsyncResult(task_id)

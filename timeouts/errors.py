@@ -42,3 +42,8 @@ class InvalidOption(TimeoutsError):
 
 class TaskConflict(TimeoutsError):
     """A task for this (biz_type, biz_id) is already waiting to run (on_conflict="error")."""
+
+
+class ShardOutsideTransaction(TimeoutsError):
+    """The task's shard is not in the caller's transaction: stored there, it would commit on its own,
+    whatever became of that transaction. Nothing was stored."""

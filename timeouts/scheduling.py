@@ -2,6 +2,8 @@
 
 Input is validated completely before the first statement, so a rejected call stores nothing.
 Both run in the caller's transaction when there is one: a rollback means the task never existed.
+With several shards, a call inside a transaction whose task goes to a shard outside it is refused
+(shards.require_transaction()).
 """
 
 from contextlib import ExitStack
@@ -69,6 +71,7 @@ def schedule(model, biz_type, biz_id, *, at=None, delay=None, attribute=None, on
     """`using`: the shard, when the caller chose it; else the one the task's key belongs to."""
     new = prepare(biz_type, biz_id, at=at, delay=delay, attribute=attribute, on_conflict=on_conflict)
     where = shards.place(new.biz_type, new.biz_id, using)
+    _require_transaction([where.alias], f"the task {new.biz_type}:{new.biz_id}", chosen=using is not None)
     if new.on_conflict is None:
         return events.scheduled(_insert(model, new, where, connections[where.alias]), where.alias)
     with transaction.atomic(using=where.alias):
@@ -139,10 +142,24 @@ def bulk_schedule(model, items, *, using=None) -> int:
     for new in prepared:
         where = shards.place(new.biz_type, new.biz_id, using)
         by_shard.setdefault(where.alias, []).append((new, where))
+    _require_transaction(by_shard, f"part of bulk_schedule()'s {len(prepared)} task(s)", chosen=using is not None)
     with ExitStack() as transactions:
         for alias in by_shard:
             transactions.enter_context(transaction.atomic(using=alias))
         return sum(_bulk_schedule_on(model, alias, placed) for alias, placed in by_shard.items())
+
+
+def _require_transaction(aliases, what, *, chosen):
+    """Refused when a task would go to a shard outside the caller's transaction; `chosen`: the
+    caller named the shard (TimeoutTask.objects.using())."""
+    router = get_settings().SHARD_ROUTER
+    if chosen:
+        remedy = "name the database of your transaction in TimeoutTask.objects.using()"
+    elif router is None:
+        remedy = "set TIMEOUTS['SHARD_ROUTER'] to a function that keeps tasks on the database of your transaction"
+    else:
+        remedy = f"make TIMEOUTS['SHARD_ROUTER'] ({router}) keep them on the database of your transaction"
+    shards.require_transaction(aliases, what, remedy)
 
 
 def _bulk_schedule_on(model, alias, placed) -> int:

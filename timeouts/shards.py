@@ -12,6 +12,13 @@ shard at a time), and enough to find the task's shard without asking any other. 
 one business object (schedule, `on_conflict`, cancel by key) goes to the shard of its (biz_type,
 biz_id). With one shard, the default, nothing else changes: the slot only shapes the job_id, so
 that a deployment can grow to more shards later.
+
+Inside the caller's transaction (an atomic block on `default` or on a shard), a task is stored only
+on a shard that is itself inside an atomic block on this thread (require_transaction()): written on
+another, it would commit at once, and a rolled-back order would still get its timeout. A key's
+shard is fixed, so such a call is refused; rows without a business key go to a shard the
+transaction holds (anywhere()). A host's other databases are not timeouts' business: their
+transactions do not count.
 """
 
 import hashlib
@@ -20,9 +27,11 @@ from dataclasses import dataclass
 from functools import cache
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils.module_loading import import_string
 
 from .conf import get_settings
+from .errors import ShardOutsideTransaction
 
 # A power of two: the slot is the low bits of the hash and of the job_id (SQL: job_id & 1023).
 SLOTS = 1024
@@ -117,8 +126,64 @@ def _imported(path):
     return import_string(path)
 
 
-def anywhere() -> Place:
+def anywhere(what: str) -> Place:
     """A slot picked at random, for rows that no business key looks up (a Django task: its result
-    id holds its job_id, and so its slot)."""
-    slot = random.randrange(SLOTS)
+    id holds its job_id, and so its slot); inside the caller's transaction, one of a shard that the
+    transaction holds, so that the row is part of it. `what`: the row, for the error."""
+    held = shards_in_transaction()
+    if held is None:
+        slot = random.randrange(SLOTS)
+        return Place(alias_of_slot(slot), slot)
+    if not held:
+        raise ShardOutsideTransaction(_refusal(what, aliases(), any_of=True))
+    slot = random.choice([slot for alias in held for slot in slots_of(alias)])
     return Place(alias_of_slot(slot), slot)
+
+
+def shards_in_transaction() -> list[str] | None:
+    """The shards inside an atomic block on this thread, when the caller is in a transaction that
+    counts (on `default` or on a shard); None when it is in none, or with the one shard "default"
+    (every task then goes to the database of the caller's transaction, if it has one)."""
+    shards = aliases()
+    if shards == (DEFAULT_DB_ALIAS,) or not _databases_in_transaction():
+        return None
+    return [alias for alias in shards if connections[alias].in_atomic_block]
+
+
+def require_transaction(targets, what: str, remedy: str) -> None:
+    """Refuse, before anything is stored, to store `what` on the shards `targets` when the caller is
+    in a transaction that counts and some of them are not inside an atomic block on this thread.
+    `remedy`: the way out that belongs to the caller's entry point, said before the common ones."""
+    held = shards_in_transaction()
+    if held is None:
+        return
+    outside = [alias for alias in dict.fromkeys(targets) if alias not in held]
+    if outside:
+        raise ShardOutsideTransaction(_refusal(what, outside, remedy=remedy))
+
+
+def _databases_in_transaction() -> list[str]:
+    """Of `default` and the shards, those inside an atomic block on this thread."""
+    counted = dict.fromkeys((DEFAULT_DB_ALIAS, *aliases()))
+    return [alias for alias in counted if alias in connections and connections[alias].in_atomic_block]
+
+
+def _refusal(what, outside, *, remedy=None, any_of=False) -> str:
+    held = _databases_in_transaction()
+    if any_of:
+        where = f"one of the shards {_names(outside)}, none of which is"
+        atomic = "transaction.atomic(using=<one of them>)"
+    else:
+        where = (f"the shard {outside[0]!r}, which is" if len(outside) == 1
+                 else f"the shards {_names(outside)}, which are")
+        atomic = " and ".join(f"transaction.atomic(using={alias!r})" for alias in outside)
+    ways = [remedy] if remedy else []
+    ways += [f"open {atomic} around the call as well, accepting that the databases then commit one after "
+             "the other, not as one", "store it after your commit, in transaction.on_commit()"]
+    return (f"{what} goes to {where} not in a transaction on this thread, while {_names(held)} "
+            f"{'is' if len(held) == 1 else 'are'}: stored now, it would commit at once, whatever becomes of your "
+            f"transaction. Nothing was stored. Either {'; or '.join(ways)}.")
+
+
+def _names(aliases) -> str:
+    return ", ".join(repr(alias) for alias in aliases)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connections
+from django.db import connections, transaction
 
 import timeouts
 import timeouts.celery
@@ -20,7 +20,7 @@ from tests.shards import ALIASES, key_on, three_shards, unreachable  # noqa: F40
 from timeouts import checks, own_connection, shards, tasks
 from timeouts.backends import cancel as backend_cancel
 from timeouts.claiming import claim_due, release
-from timeouts.errors import InvalidTime, TaskConflict
+from timeouts.errors import InvalidTime, ShardOutsideTransaction, TaskConflict
 from timeouts.models import TimeoutTask
 from timeouts.partitions import list_partitions
 from timeouts.scan import scan
@@ -247,6 +247,162 @@ def test_the_check_says_which_shard_it_cannot_reach():
     with unreachable("shard_b"):
         [problem] = checks.check_shards(databases=ALIASES)
     assert problem.id == "timeouts.W006" and "cannot read the shard 'shard_b'" in problem.msg
+
+
+# -- scheduling and the caller's transaction ---------------------------------------------------------
+
+class RolledBack(Exception):
+    """Raised to roll a test's transaction back."""
+
+
+def stored_anywhere() -> int:
+    return sum(TimeoutTask.objects.using(alias).count() for alias in ALIASES)
+
+
+def call_id_on(alias, prefix="call"):
+    """A task_id whose DurableTask call lives on `alias` (by the hash alone)."""
+    return next(task_id for task_id in (f"{prefix}-{n}" for n in itertools.count())
+                if shards.hashed(task_id).alias == alias)
+
+
+def route_to_default(biz_type, biz_id):
+    """A SHARD_ROUTER that keeps every task on the database of the host's transaction."""
+    return "default"
+
+
+def _schedule(alias):
+    timeouts.schedule("test.record", key_on(alias), delay=60)
+
+
+def _schedule_keyed(alias):
+    timeouts.schedule("test.record", key_on(alias), delay=60, on_conflict="replace")
+
+
+def _bulk_schedule(alias):
+    timeouts.bulk_schedule([{"biz_type": "test.record", "biz_id": key_on("default", "bulk"), "delay": 60},
+                            {"biz_type": "test.record", "biz_id": key_on(alias, "bulk"), "delay": 60}])
+
+
+def _durable_call(alias):
+    from tests.testapp.tasks import record
+
+    record.apply_async((1,), countdown=600, task_id=call_id_on(alias))
+
+
+# Each way of storing a task whose shard follows from its key, given the shard the key lives on.
+KEYED = {"schedule": _schedule, "schedule(on_conflict)": _schedule_keyed, "bulk_schedule": _bulk_schedule,
+         "DurableTask.apply_async": _durable_call}
+
+
+@pytest.mark.parametrize("entry", KEYED)
+def test_storing_on_a_shard_outside_the_callers_transaction_is_refused_and_stores_nothing(entry, broker):
+    with pytest.raises(ShardOutsideTransaction) as refused, transaction.atomic():
+        KEYED[entry]("shard_b")
+    message = str(refused.value)
+    assert "'shard_b', which is not in a transaction" in message
+    assert "while 'default' is" in message
+    assert "transaction.atomic(using='shard_b')" in message and "transaction.on_commit()" in message
+    assert ("SHARD_ROUTER" in message) == (entry != "DurableTask.apply_async")
+    assert stored_anywhere() == 0
+
+
+@pytest.mark.parametrize("entry", KEYED)
+def test_inside_a_transaction_on_the_shard_too_storing_is_part_of_it(entry, broker):
+    with pytest.raises(RolledBack), transaction.atomic(), transaction.atomic(using="shard_b"):
+        KEYED[entry]("shard_b")
+        assert TimeoutTask.objects.using("shard_b").count() == 1
+        raise RolledBack
+    assert stored_anywhere() == 0
+    with transaction.atomic(), transaction.atomic(using="shard_b"):
+        KEYED[entry]("shard_b")
+    assert TimeoutTask.objects.using("shard_b").count() == 1
+
+
+def test_a_transaction_on_a_shard_alone_refuses_tasks_for_default():
+    with pytest.raises(ShardOutsideTransaction, match="'default', which is not in a transaction"), \
+            transaction.atomic(using="shard_c"):
+        timeouts.schedule("test.record", key_on("default"), delay=60)
+    assert stored_anywhere() == 0
+
+
+def test_outside_any_transaction_each_task_goes_to_its_shard_as_before(broker):
+    for alias in ALIASES:
+        for store in KEYED.values():
+            store(alias)
+    assert TimeoutTask.objects.using("shard_c").count() >= 4
+
+
+def test_a_transaction_on_a_database_that_is_no_shard_does_not_count(settings):
+    settings.TIMEOUTS = {**settings.TIMEOUTS, "SHARDS": ["default", "shard_b"]}
+    with transaction.atomic(using="shard_c"):  # a database of the host's own, to timeouts
+        task = timeouts.schedule("test.record", key_on("shard_b"), delay=60)
+        timeouts.bulk_schedule([{"biz_type": "test.record", "biz_id": key_on("default", "other"), "delay": 60}])
+    assert task._state.db == "shard_b"
+    assert [TimeoutTask.objects.using(alias).count() for alias in ("default", "shard_b")] == [1, 1]
+
+
+def test_a_router_that_keeps_tasks_on_the_callers_database_makes_scheduling_transactional(settings):
+    elsewhere = [key_on(alias, "routed") for alias in ("shard_b", "shard_c")]  # by the hash
+    settings.TIMEOUTS = {**settings.TIMEOUTS, "SHARD_ROUTER": f"{__name__}.route_to_default"}
+    with pytest.raises(RolledBack), transaction.atomic():
+        timeouts.schedule("test.record", elsewhere[0], delay=60)
+        timeouts.schedule("test.record", elsewhere[1], delay=60, on_conflict="keep")
+        assert timeouts.bulk_schedule([{"biz_type": "test.record", "biz_id": biz_id, "delay": 60}
+                                       for biz_id in ("bulk-1", "bulk-2", "bulk-3")]) == 3
+        assert TimeoutTask.objects.count() == 5
+        raise RolledBack
+    assert stored_anywhere() == 0
+    with transaction.atomic():
+        timeouts.schedule("test.record", elsewhere[0], delay=60)
+    assert TimeoutTask.objects.using("default").count() == stored_anywhere() == 1
+
+
+def test_a_durable_call_without_a_task_id_goes_to_a_shard_of_the_callers_transaction(broker):
+    from tests.testapp.tasks import record
+
+    with pytest.raises(RolledBack), transaction.atomic():
+        results = [record.apply_async((n,), countdown=600) for n in range(30)]
+        assert {shards.hashed(result.id).alias for result in results} == {"default"}
+        assert TimeoutTask.objects.count() == 30
+        raise RolledBack
+    assert stored_anywhere() == 0
+    with transaction.atomic(using="shard_c"):
+        result = record.apply_async((1,), countdown=600)
+    assert where_call(result.id) == ["shard_c"]
+    assert timeouts.celery.cancel(result.id)
+
+
+def test_a_django_task_enqueued_in_a_transaction_goes_to_a_shard_of_that_transaction(django_task_tables):
+    from tests.testapp import django_tasks
+
+    with pytest.raises(RolledBack), transaction.atomic():
+        results = [django_tasks.add.using(run_after=in_an_hour()).enqueue(n, 1) for n in range(30)]
+        assert {shards.alias_of_job(int(result.id.split("-")[0])) for result in results} == {"default"}
+        raise RolledBack
+    assert stored_anywhere() == 0
+    with transaction.atomic(using="shard_b"):
+        result = django_tasks.add.using(run_after=in_an_hour()).enqueue(1, 1)
+    assert shards.alias_of_job(int(result.id.split("-")[0])) == "shard_b"
+    assert django_tasks.add.get_result(result.id).id == result.id
+
+
+def test_a_django_task_enqueued_in_a_transaction_that_holds_no_shard_is_refused(settings, django_task_tables):
+    from tests.testapp import django_tasks
+
+    settings.TIMEOUTS = {**settings.TIMEOUTS, "SHARDS": ["shard_b", "shard_c"]}
+    with pytest.raises(ShardOutsideTransaction) as refused, transaction.atomic():
+        django_tasks.add.using(run_after=in_an_hour()).enqueue(1, 1)
+    assert "one of the shards 'shard_b', 'shard_c'" in str(refused.value)
+    assert "while 'default' is" in str(refused.value)
+    assert stored_anywhere() == 0
+
+
+@pytest.mark.django_db(databases=ALIASES)  # as Django's TestCase: every database inside atomic()
+def test_inside_a_test_case_that_wraps_every_database_scheduling_works(broker):
+    for alias in ALIASES:
+        for store in KEYED.values():
+            store(alias)
+    assert TimeoutTask.objects.using("shard_b").count() >= 4
 
 
 # -- helpers -----------------------------------------------------------------------------------------

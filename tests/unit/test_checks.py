@@ -126,3 +126,47 @@ def test_handlers_that_would_reconnect_for_every_task_are_warned_about(settings,
     monkeypatch.setitem(connections.settings["default"], "CONN_MAX_AGE", 0)
     [problem] = checks.check_celery()
     assert problem.id == "timeouts.W004" and "CONN_MAX_AGE is 0" in problem.msg
+
+
+THREE_SHARDS = ["default", "shard_b", "shard_c"]
+
+
+def atomic_requests(monkeypatch, *aliases):
+    from django.db import connections
+
+    for alias in aliases:
+        monkeypatch.setitem(connections.settings[alias], "ATOMIC_REQUESTS", True)
+
+
+def test_atomic_requests_with_one_shard_change_nothing(monkeypatch):
+    atomic_requests(monkeypatch, "default")
+    assert checks.check_transactional_scheduling() == []
+
+
+def test_atomic_requests_on_default_with_other_shards_and_no_router_are_warned_about(monkeypatch):
+    atomic_requests(monkeypatch, "default")
+    with override_settings(TIMEOUTS={"SHARDS": THREE_SHARDS}):
+        [problem] = checks.check_transactional_scheduling()
+    assert problem.id == "timeouts.W007"
+    assert "ATOMIC_REQUESTS" in problem.msg and "'shard_b', 'shard_c'" in problem.msg
+    assert "refused" in problem.msg and "SHARD_ROUTER" in problem.hint
+    with override_settings(TIMEOUTS={"SHARDS": THREE_SHARDS, "SHARD_ROUTER": "shop.routing.timeout_shard"}):
+        assert checks.check_transactional_scheduling() == []
+    atomic_requests(monkeypatch, "shard_b", "shard_c")  # every shard inside the view's transaction
+    with override_settings(TIMEOUTS={"SHARDS": THREE_SHARDS}):
+        assert checks.check_transactional_scheduling() == []
+
+
+def test_atomic_requests_on_a_database_that_holds_no_shard_refuse_every_task_of_a_view(monkeypatch):
+    atomic_requests(monkeypatch, "default")
+    for timeouts_setting in ({"SHARDS": ["shard_b", "shard_c"]},
+                             {"SHARDS": ["shard_b", "shard_c"], "SHARD_ROUTER": "shop.routing.timeout_shard"}):
+        with override_settings(TIMEOUTS=timeouts_setting):
+            [problem] = checks.check_transactional_scheduling()
+        assert problem.id == "timeouts.W007" and "every task" in problem.msg
+
+
+def test_atomic_requests_on_a_database_that_is_neither_default_nor_a_shard_do_not_count(monkeypatch):
+    atomic_requests(monkeypatch, "shard_c")
+    with override_settings(TIMEOUTS={"SHARDS": ["default", "shard_b"]}):
+        assert checks.check_transactional_scheduling() == []

@@ -3,10 +3,11 @@
     TASKS = {"default": {"BACKEND": "timeouts.backends.TimeoutsBackend", "QUEUES": ["default"],
                          "OPTIONS": {"MAX_ATTEMPTS": 1}}}
 
-enqueue() inserts a row (in the caller's transaction, if any) due at the task's run_after, or now;
-the dispatcher or the scan hands it to a Celery worker on the queue's Celery queue
-(tasks_queues.py), where execution.py runs it behind the usual compare-and-set and records its
-result in the row. get_result() reads that row by the key its id names (results.py).
+enqueue() inserts a row (in the caller's transaction, if any: then on a shard that transaction
+holds) due at the task's run_after, or now; the dispatcher or the scan hands it to a Celery worker
+on the queue's Celery queue (tasks_queues.py), where execution.py runs it behind the usual
+compare-and-set and records its result in the row. get_result() reads that row by the key its id
+names (results.py).
 """
 
 from datetime import timedelta
@@ -70,7 +71,8 @@ class TimeoutsBackend(BaseTaskBackend):
     def enqueue(self, task, args, kwargs):
         self.validate_task(task)
         new, call = self._new_task(task, args, kwargs)
-        where = shards.anywhere()
+        # Any shard will do (the result id names it): inside the caller's transaction, one it holds.
+        where = shards.anywhere(f"the task {task.module_path}")
         connection = connections[where.alias]
         row = events.scheduled(_insert(TimeoutTask, new, where, connection), where.alias)
         result = TaskResult(
