@@ -10,7 +10,7 @@ shard has given, so that a moved slot's new tasks cannot take an id it brought a
 
 It needs every process stopped (dispatchers, beat, workers, whatever schedules): a task in flight
 would be run by its old shard's workers while its copy waits on the new one. It refuses to move a
-slot that has a task DISPATCHED or RUNNING.
+slot that has a task DISPATCHED or RUNNING, and to move anything while SHARD_ROUTER is set.
 """
 
 from collections import defaultdict
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from django.db import connections, transaction
 
+from .conf import get_settings
 from .errors import TimeoutsError
 from .queries import QUERIES, execute, fetch_dicts, fetch_one
 from .shards import SLOTS, shard_index
@@ -45,6 +46,20 @@ def moves(old: list[str], new: list[str]) -> list[Move]:
         if source != target:
             moving[source, target].append(slot)
     return [Move(source, target, tuple(slots)) for (source, target), slots in moving.items()]
+
+
+def check_router():
+    """Slots move to the shard their position gives them; a routed key's tasks live where the
+    router says, which no slot tells. Moved, they would sit on a database the router does not name,
+    where cancel by key and on_conflict (which ask the router) no longer find them."""
+    router = get_settings().SHARD_ROUTER
+    if router is not None:
+        raise ReshardError(
+            f"TIMEOUTS['SHARD_ROUTER'] is set ({router}): slots move by their position in SHARDS, but your router, "
+            "not the slot, says where a key's tasks live, so routed tasks would be moved away from the database "
+            "it names, where cancelling them by key and on_conflict would no longer find them. Nothing was moved. "
+            "To add a shard with a router: stop whatever schedules, let every waiting task run (or cancel it), "
+            "then add the shard at the end of SHARDS and deploy (docs: howto/shards).")
 
 
 def check(move: Move):

@@ -231,6 +231,20 @@ def test_resharding_refuses_to_move_a_task_in_flight(settings):
     assert where(task.job_id) == ["shard_b"]
 
 
+def test_resharding_refuses_while_a_router_places_the_tasks(settings):
+    settings.TIMEOUTS = {**settings.TIMEOUTS, "SHARDS": ["default", "shard_b"],
+                         "SHARD_ROUTER": f"{__name__}.route_to_default"}
+    made = [timeouts.schedule("test.record", f"routed-{n}", delay=3600) for n in range(60)]
+    settings.TIMEOUTS = {**settings.TIMEOUTS, "SHARDS": ALIASES}
+    for dry_run in (["--dry-run"], []):
+        with pytest.raises(CommandError, match=r"SHARD_ROUTER'] is set") as refused:
+            call_command("timeouts_reshard", "--from", "default,shard_b", *dry_run, stdout=io.StringIO())
+        assert "Nothing was moved" in str(refused.value)
+    assert [TimeoutTask.objects.using(alias).count() for alias in ALIASES] == [60, 0, 0]
+    # Where the router looks, the tasks still are: cancel by key finds each one.
+    assert sum(timeouts.cancel("test.record", task.biz_id) for task in made) == 60
+
+
 def test_the_check_names_a_shard_without_migrations():
     assert checks.check_shards(databases=ALIASES) == []
     empty = f"{connections['shard_c'].settings_dict['NAME']}_empty"

@@ -16,6 +16,10 @@ class Command(BaseCommand):
         parser.add_argument("--dry-run", action="store_true", help="Say what would move; move nothing.")
 
     def handle(self, *args, old, dry_run, **options):
+        try:
+            resharding.check_router()
+        except resharding.ReshardError as exc:
+            raise CommandError(str(exc)) from None
         old = [alias.strip() for alias in old.split(",") if alias.strip()]
         new = list(shards.aliases())
         unknown = [alias for alias in old if alias not in new]
