@@ -50,7 +50,9 @@ def limits(biz_type, *, using=DEFAULT_DB_ALIAS) -> Limits:
 
 def set_limits(biz_type, rate_limit=None, concurrency=None, *, using=None) -> None:
     """Replace the handler's own limits of `biz_type` with these (None: no limit), in the database,
-    until the next set_limits() or reset_limits(). In force at every claimer's next claim."""
+    until the next set_limits() or reset_limits(). In force at every claimer's next claim. A rate
+    from one start a day to a million a second, a concurrency from 1 to a million (validation.py);
+    else InvalidOption, and nothing is stored."""
     check_known(biz_type)
     rate_limit, concurrency = check_rate_limit(rate_limit, InvalidOption), check_concurrency(concurrency, InvalidOption)
     _change("override_limits", biz_type, using, rate_limit=rate_limit, concurrency=concurrency)

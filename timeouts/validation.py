@@ -17,6 +17,16 @@ MAX_ATTRIBUTE_DEPTH = 64
 # (years 1 to 9999). The margin covers any skew between the application's and the database's clocks.
 DELAY_CLOCK_MARGIN = timedelta(days=1)
 ON_CONFLICT = (None, "error", "replace", "keep")
+# The bounds of a limit. The claim refills a rate limit's token bucket at the rate for the time since
+# its last claim, the dispatcher sleeps until the bucket is full again (1 / rate, as an interval),
+# and each of several shards takes an integer part of a concurrency (limit * shards in 32 bits): a
+# limit within these keeps all of that inside float8, interval and integer range, on as many shards
+# as there are slots (sql/queries.sql: claim_due reads a stored row as within them too). Below one
+# start a day, pause() the biz_type instead; past a million starts a second or a million tasks
+# running at once, a limit holds nothing back that None would not.
+MIN_RATE_LIMIT = 1 / 86400
+MAX_RATE_LIMIT = 1_000_000.0
+MAX_CONCURRENCY = 1_000_000
 
 
 def biz_id(value) -> str:
@@ -152,18 +162,21 @@ def on_conflict(value):
 
 
 def check_rate_limit(value, error):
-    """A rate limit: None, or a finite number of starts per second above zero."""
+    """A rate limit: None, or a number of starts per second from one a day to a million a second."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise error(f"rate_limit must be None or a finite number of starts per second above 0, got {value!r}")
+    # NaN fails the comparison too; an int of any size compares exactly (float() of it may overflow).
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not MIN_RATE_LIMIT <= value <= MAX_RATE_LIMIT:
+        raise error("rate_limit must be None or a number of starts per second from one start a day "
+                    f"({MIN_RATE_LIMIT:.6g}) to a million a second ({MAX_RATE_LIMIT:.0f}), got {describe(value)}")
     return float(value)
 
 
 def check_concurrency(value, error):
-    """A concurrency limit: None, or a whole number of running tasks of at least 1."""
+    """A concurrency limit: None, or a whole number of running tasks from 1 to MAX_CONCURRENCY."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise error(f"concurrency must be None or an integer of at least 1, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONCURRENCY:
+        raise error(f"concurrency must be None or an integer of at least 1 and at most {MAX_CONCURRENCY}, "
+                    f"got {describe(value)}")
     return value

@@ -76,8 +76,10 @@ def test_the_limits_of_a_stored_celery_call_may_be_set_without_its_app_loaded():
     assert timeouts.limits("celery:proj.tasks.charge") == timeouts.Limits(0.5, None, False)
 
 
-BAD_RATES = [0, -1, -0.5, math.nan, math.inf, -math.inf, True, "10", 10j]
-BAD_CONCURRENCIES = [0, -3, 1.5, math.nan, True, "2"]
+# ... and fewer than one start a day, more than a million a second
+BAD_RATES = [0, -1, -0.5, math.nan, math.inf, -math.inf, True, "10", 10j,
+             1e-13, 1 / 86400 * 0.99, 1_000_001, 1e300, 10**400]
+BAD_CONCURRENCIES = [0, -3, 1.5, math.nan, True, "2", 1_000_001, 2**31, 2**63]
 
 
 @pytest.mark.parametrize("rate_limit", BAD_RATES, ids=repr)
@@ -92,6 +94,20 @@ def test_a_bad_concurrency_is_refused_and_stores_nothing(concurrency):
     with pytest.raises(timeouts.InvalidOption, match="concurrency"):
         timeouts.set_limits("test.record", concurrency=concurrency)
     assert stored() == []
+
+
+def test_the_bounds_of_a_limit_are_accepted():
+    timeouts.set_limits("test.record", rate_limit=1 / 86400, concurrency=1_000_000)
+    assert timeouts.limits("test.record") == timeouts.Limits(1 / 86400, 1_000_000, False)
+    timeouts.set_limits("test.record", rate_limit=1_000_000, concurrency=1)
+    assert timeouts.limits("test.record") == timeouts.Limits(1_000_000.0, 1, False)
+
+
+def test_a_limit_out_of_bounds_says_which_bounds():
+    with pytest.raises(timeouts.InvalidOption, match="one start a day .* a million a second.*got 1e-13"):
+        timeouts.set_limits("test.record", rate_limit=1e-13)
+    with pytest.raises(timeouts.InvalidOption, match="at most 1000000, got 2147483648"):
+        timeouts.set_limits("test.record", concurrency=2**31)
 
 
 @pytest.mark.parametrize("call", ["limits", "pause", "resume", "set_limits", "reset_limits"])
@@ -113,8 +129,9 @@ def test_the_kinds_without_a_handler_of_their_own_are_known(biz_type):
 
 
 @pytest.mark.parametrize("options", [{"rate_limit": 0}, {"rate_limit": math.nan}, {"rate_limit": math.inf},
-                                     {"rate_limit": "5"}, {"concurrency": 0}, {"concurrency": 2.0},
-                                     {"concurrency": False}], ids=repr)
+                                     {"rate_limit": "5"}, {"rate_limit": 1e-13}, {"rate_limit": 2e6},
+                                     {"concurrency": 0}, {"concurrency": 2.0}, {"concurrency": False},
+                                     {"concurrency": 2**31}], ids=repr)
 def test_a_handler_declaring_a_bad_limit_is_misconfigured(options):
     with pytest.raises(ImproperlyConfigured, match="test.misconfigured"):
         timeouts.handler("test.misconfigured", **options)

@@ -222,3 +222,46 @@ def test_set_limits_inside_a_transaction_applies_when_it_commits():
         thread.join(30)
     assert len(claims) == 3
     assert claim_due(100) == []  # 3 in flight, limit 1
+
+
+# Rows written by hand, past what the API accepts but within the table's CHECK constraints: the
+# columns of test.record's row besides an override and a bucket last refilled `refilled` seconds ago.
+EXTREME_ROWS = {
+    "a rate of one start in 300,000 years": {"rate_limit": 1e-13, "refilled": 0},
+    "the smallest float8 rate": {"rate_limit": 5e-324, "refilled": 0},
+    "the largest float8 rate": {"rate_limit": 1.7e308, "refilled": 3600},
+    "the smallest float8 share of a rate": {"rate_limit": 1 / 86400, "rate_share": 5e-324, "refilled": 0},
+    "the largest integer concurrency": {"concurrency": 2**31 - 1, "refilled": 0},
+    "a bucket of the largest float8": {"rate_limit": 1e6, "tokens": 1.7e308, "refilled": 3600},
+}
+
+
+def dispatcher_statements(shard_index, shard_count):
+    """What a dispatcher of the shard `shard_index` of `shard_count` runs: its claim, then the
+    deadline it sleeps until."""
+    from timeouts.queries import fetch_dicts, fetch_one
+
+    claimed = fetch_dicts("claim_due", {"limit": 100, "lead": 0.0, "max_dispatched": 10_000,
+                                        "shard_index": shard_index, "shard_count": shard_count})
+    deadline = fetch_one("claimable_deadline", {"concurrency_poll": 1.0, "shard_index": shard_index,
+                                                "shard_count": shard_count})
+    return Counter(row["biz_type"] for row in claimed), deadline
+
+
+@pytest.mark.parametrize("row", EXTREME_ROWS)
+@pytest.mark.parametrize(("shard_index", "shard_count"), [(0, 1), (2, 3)], ids=["one shard", "third of three"])
+def test_a_limits_row_with_extreme_values_never_breaks_the_claim_of_the_other_biz_types(row, shard_index,
+                                                                                          shard_count):
+    columns = {"rate_limit": None, "concurrency": None, "rate_share": None, "tokens": 0.0, **EXTREME_ROWS[row]}
+    backlog("test.record", 5)
+    backlog("test.fail", 5)
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO timeouts_limits (biz_type, overridden, rate_limit, concurrency, rate_share, "
+                       "tokens, refilled_at) VALUES ('test.record', true, %(rate_limit)s, %(concurrency)s, "
+                       "%(rate_share)s, %(tokens)s, now() - %(refilled)s * interval '1 second')", columns)
+    claimed, deadline = dispatcher_statements(shard_index, shard_count)
+    assert claimed["test.fail"] == 5
+    assert deadline["held"]
+    again, deadline = dispatcher_statements(shard_index, shard_count)
+    assert again["test.fail"] == 0 and claimed["test.record"] + again["test.record"] <= 5
+    assert deadline["held"]

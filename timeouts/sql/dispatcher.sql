@@ -22,10 +22,16 @@ SELECT extract(epoch FROM (SELECT min(run_at) FROM timeouts_task WHERE status = 
 WITH RECURSIVE
 held AS MATERIALIZED (
     SELECT l.biz_type, l.paused, l.tokens, l.refilled_at,
-           -- this shard's part of them, as claim_due reads it
-           timeouts_rate_part(l.rate_limit_in_force, l.rate_share, %(shard_count)s::integer) AS rate_limit,
-           timeouts_concurrency_part(l.concurrency_in_force, l.concurrency_share, %(shard_index)s::integer,
-                                     %(shard_count)s::integer) AS concurrency
+           -- this shard's part of them, bounded as claim_due reads it: the wait for a full bucket
+           -- below is then at most a few thousand years, in range whatever the row holds
+           timeouts_rate_part(CASE WHEN l.rate_limit_in_force < 1.0 / 86400 THEN 1.0 / 86400
+                                   WHEN l.rate_limit_in_force > 1e6 THEN 1e6 ELSE l.rate_limit_in_force END,
+                              CASE WHEN l.rate_share < 1e-6 THEN 1e-6 ELSE l.rate_share END,
+                              %(shard_count)s::integer) AS rate_limit,
+           timeouts_concurrency_part(CASE WHEN l.concurrency_in_force > 1000000 THEN 1000000
+                                          ELSE l.concurrency_in_force END,
+                                     l.concurrency_share, %(shard_index)s::integer, %(shard_count)s::integer)
+               AS concurrency
     FROM timeouts_limits AS l
     WHERE l.paused OR l.rate_limit_in_force IS NOT NULL OR l.concurrency_in_force IS NOT NULL
 ),

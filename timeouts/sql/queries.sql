@@ -178,12 +178,23 @@ due_types AS (
 -- tasks are then stale: that biz_type is left alone too. So claims of a limited biz_type follow
 -- one another, each seeing every claim before it, however many claimers run. On one of several
 -- shards, this shard's part of each limit (sql/0006_limit_shares.sql): the claims of every shard
--- together stay within the deployment's limit.
+-- together stay within the deployment's limit. Each limit is read as within the bounds the API
+-- accepts (timeouts/validation.py: a rate from one start a day to a million a second, a
+-- concurrency up to a million) and a rate's part as at least a millionth of it (the scan writes
+-- none below a tenth of an even part), as claimable_deadline reads them: a row written by hand
+-- past them cannot take this statement's arithmetic out of range, which would stop the claims of
+-- every biz_type on this shard. CASE rather than least() and greatest(), which would turn NULL
+-- (no limit, an even part) into a bound.
 seen AS MATERIALIZED (
     SELECT l.biz_type, l.xmin AS version, l.paused,
-           timeouts_rate_part(l.rate_limit_in_force, l.rate_share, %(shard_count)s::integer) AS rate_limit,
-           timeouts_concurrency_part(l.concurrency_in_force, l.concurrency_share, %(shard_index)s::integer,
-                                     %(shard_count)s::integer) AS concurrency
+           timeouts_rate_part(CASE WHEN l.rate_limit_in_force < 1.0 / 86400 THEN 1.0 / 86400
+                                   WHEN l.rate_limit_in_force > 1e6 THEN 1e6 ELSE l.rate_limit_in_force END,
+                              CASE WHEN l.rate_share < 1e-6 THEN 1e-6 ELSE l.rate_share END,
+                              %(shard_count)s::integer) AS rate_limit,
+           timeouts_concurrency_part(CASE WHEN l.concurrency_in_force > 1000000 THEN 1000000
+                                          ELSE l.concurrency_in_force END,
+                                     l.concurrency_share, %(shard_index)s::integer, %(shard_count)s::integer)
+               AS concurrency
     FROM timeouts_limits AS l JOIN due_types USING (biz_type)
 ),
 limited AS (
