@@ -137,6 +137,24 @@ def test_a_paused_biz_type_waits_without_delaying_the_others_and_catches_up_on_r
         processes.wait_for(lambda: starts.count() == 21, 10, message="the paused tasks, resumed, to start")
 
 
+@pytest.mark.timeout(120)
+def test_a_limits_row_written_by_hand_past_the_bounds_delays_no_other_biz_type(worker, starts):
+    # A rate of one start in 300,000 years, its bucket just emptied: out of the API's bounds, within
+    # the table's constraints. Its tasks wait; the dispatcher's statements must still run.
+    schedule_due("test.queued", 5)
+    with connection.cursor() as cursor:
+        cursor.execute("INSERT INTO timeouts_limits (biz_type, overridden, rate_limit, tokens, refilled_at) "
+                       "VALUES ('test.queued', true, 1e-13, 0, now())")
+    with dispatcher_thread() as dispatcher:
+        time.sleep(1.0)
+        tasks = [TimeoutTask.objects.schedule("test.record", f"other-{n}", delay=0.3) for n in range(3)]
+        processes.wait_for(lambda: starts.count() == 3, 10, message="the other biz_type's tasks to start")
+        assert dispatcher.stats.snapshot()["errors"] == 0
+    assert sorted(row[0] for row in starts.all()) == sorted(task.job_id for task in tasks)
+    assert all(0 <= late < ON_TIME for late in lateness(starts.all()))
+    assert count("test.queued", Status.PENDING) == 5
+
+
 @pytest.mark.timeout(180)
 def test_a_task_due_on_time_starts_ahead_of_a_backlog_waiting_in_the_broker(broker, starts):
     """A backlog's claims wait in the broker (up to MAX_DISPATCHED of them) for the workers; a task
