@@ -17,6 +17,9 @@ TASKS = {
     "default": {"BACKEND": "timeouts.backends.TimeoutsBackend", "QUEUES": ["default", "timeouts-test-other"]},
     "retrying": {"BACKEND": "timeouts.backends.TimeoutsBackend", "QUEUES": ["default"],
                  "OPTIONS": {"MAX_ATTEMPTS": 3, "TTR": 3}},
+    # The conformance suite's (tests/testapp/conformance.py): the lease and attempts of its handler.
+    "conformance": {"BACKEND": "timeouts.backends.TimeoutsBackend", "QUEUES": ["default"],
+                    "OPTIONS": {"MAX_ATTEMPTS": 2, "TTR": 3}},
 }
 # Two more databases for the shard tests (tests/*/test_shards*.py): on the test server, unless
 # TIMEOUTS_TEST_SHARD_B_URL / ..._C_URL point elsewhere (a process a test starts on the test

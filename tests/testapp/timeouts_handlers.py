@@ -12,7 +12,10 @@ import timeouts
 from timeouts import own_connection
 from timeouts.models import TimeoutTask
 
-from . import oracle_handlers  # noqa: F401  (registers the reliability scenarios' handlers)
+from . import (
+    conformance,  # noqa: F401  (registers the conformance suite's handlers)
+    oracle_handlers,  # noqa: F401  (registers the reliability scenarios' handlers)
+)
 from .recorder import record, record_connections
 
 
