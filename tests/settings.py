@@ -32,6 +32,9 @@ for _alias in SHARD_ALIASES:
               if key in ("NAME", "USER", "PASSWORD", "HOST", "PORT")} if _url else {}
     DATABASES[_alias] = {**DATABASES["default"], **_where,  # noqa: F405
                          "TEST": {"NAME": f"{DATABASES['default']['TEST']['NAME']}_{_alias}"}}  # noqa: F405
+# Django's advice for test suites: a fast hasher, since the tests create and log in users all the time
+# and the default one is slow on purpose.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # Django's backend, with a cheaper flush between transactional tests (tests/postgresql/base.py).
 for _database in DATABASES.values():  # noqa: F405
     _database["ENGINE"] = "tests.postgresql"
