@@ -71,8 +71,8 @@ def publish_within(claims, timeout) -> int:
 
 
 def warm_up_broker():
-    """Open a broker connection in the background, so the first due task does not wait for it
-    (~0.1 s). Failing is fine: publishing connects (and reports errors) by itself."""
+    """Open a broker connection in the background, so the first due task does not wait for it.
+    Failing is fine: publishing connects (and reports errors) by itself."""
     def connect():
         try:
             with current_app.producer_or_acquire() as producer:

@@ -1,6 +1,6 @@
 """The DDL of partition maintenance, each change in a short transaction of its own.
 
-Locks measured on PostgreSQL 15 (pg_locks, with an open claim transaction in another session). A
+Locks as pg_locks shows them on PostgreSQL 15, with an open claim transaction in another session. A
 claim (`claim_due`) takes ROW SHARE and ROW EXCLUSIVE on the parent and on EVERY partition, the
 DEFAULT one and future ones included: the planner locks all partitions before run-time pruning. So
 any lock of SHARE or stronger on any partition waits for open claims and queues later claims
@@ -11,11 +11,11 @@ behind it. What each step takes:
   locks of the moved rows: waits only for rows a claim or a cancel has locked.
 - ATTACH PARTITION: SHARE UPDATE EXCLUSIVE on the parent (claims unaffected), ACCESS EXCLUSIVE on
   the new table (nobody else can see it yet), and ACCESS EXCLUSIVE on the DEFAULT partition, held
-  until commit, while it scans DEFAULT for rows of the new range (~0.12 s per million rows parked
-  in DEFAULT here). That lock blocks claims: they wait for it at most lock_timeout plus that scan.
+  until commit, while it scans DEFAULT for rows of the new range (longer the more rows are parked
+  in DEFAULT). That lock blocks claims: they wait for it at most lock_timeout plus that scan.
   The new table is not scanned: the CHECK constraint added first proves its rows fit.
 - DETACH PARTITION (non-concurrent) and DROP TABLE of an attached partition: ACCESS EXCLUSIVE on
-  the parent, on the partition and on DEFAULT; no scan, so held only for milliseconds.
+  the parent, on the partition and on DEFAULT; no scan, so held only briefly.
   (DETACH .. CONCURRENTLY is refused while a DEFAULT partition exists.)
 - DROP TABLE of a detached table: ACCESS EXCLUSIVE on that table only.
 

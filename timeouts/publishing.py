@@ -36,28 +36,26 @@ PIPELINE_SIZE = 500
 # Seconds. Tasks already due may share a message freely; a task due later shares one only with
 # tasks due at most this much before it: a worker process waits in the batch until each task is
 # due and takes no other message meanwhile, while Celery's ETA timer (in the worker's main
-# process) hands separate messages to whichever process is free. Measured on the spread
-# benchmark: p99 lateness 17-27 ms with 10 ms, 30-59 ms with the whole lead (docs: explanation/benchmarks).
+# process) hands separate messages to whichever process is free. A short window keeps tasks due
+# apart in messages of their own, which run side by side (docs: explanation/benchmarks).
 BATCH_WINDOW = 0.01
 # The same, for a claim that also took a backlog's tasks (due over BACKLOG_AFTER ago). Every process
 # is then busy with the backlog, each message claimed on time gets one that gives way for it
-# (on_time_first), and tasks sharing a message run one after another at a loaded server's pace,
-# several milliseconds each: apart, they run side by side. Not so without a backlog, where every
+# (on_time_first), and tasks sharing a message run one after another at a loaded server's pace:
+# apart, they run side by side. Not so without a backlog, where every
 # message holds a process from its ETA to its first task, and more messages keep more of them
 # waiting (docs: explanation/benchmarks).
 BESIDE_BACKLOG_WINDOW = 0.002
 # How much before its first task's run_at a message claimed ahead is due by its Celery ETA. Celery's
-# ETA timer (in the worker's main process) hands a message to a pool process 1-4 ms after its ETA;
-# the batch then sleeps until each run_at itself, to within a sleep's precision. Measured on the
-# spread benchmark, a batch's first task was ready to start 2.0 ms late at the median with the ETA
-# at its run_at, 0.1 ms with it 4 ms before (docs: explanation/benchmarks). Never early: the
-# compare-and-set refuses a start before run_at by the database clock.
+# ETA timer (in the worker's main process) hands a message to a pool process a few milliseconds
+# after its ETA; the headroom covers that delay, and the batch then sleeps until each run_at itself,
+# to within a sleep's precision (docs: explanation/benchmarks). Never early: the compare-and-set
+# refuses a start before run_at by the database clock.
 ETA_HEADROOM = timedelta(milliseconds=4)
 # A claim whose task was due longer ago than this when claimed is part of a backlog. Up to
 # MAX_DISPATCHED tasks' worth of a backlog's messages wait in the broker for the workers, which
 # take them in order: a task of another biz_type that falls due meanwhile, claimed on time, would
-# wait behind all of them (measured: 1.2 s at p99 behind a 100,000-task backlog, against 5 ms
-# alone). So a backlog's messages go at a lower priority than those claimed on time, and pass
+# wait behind all of them. So a backlog's messages go at a lower priority than those claimed on time, and pass
 # nobody that is on time (docs: howto/isolation).
 BACKLOG_AFTER = timedelta(seconds=1)
 
@@ -173,9 +171,9 @@ def priorities(broker_url) -> tuple[int | None, int | None]:
 
 def args_repr(args, limit: int) -> str:
     """The message's arguments as Celery shows them (worker logs, events, Flower), cut at Celery's
-    limit. Celery builds this with its saferepr unless given it, which took 45% of publishing's CPU
-    with batches of 20 (docs: explanation/benchmarks); our arguments are lists of numbers,
-    strings and None, which plain repr() shows safely, in a tenth of the time."""
+    limit. Celery builds this with its saferepr unless given it, a large share of publishing's CPU
+    (docs: explanation/benchmarks); our arguments are lists of numbers, strings and None, which
+    plain repr() shows safely, at a fraction of the cost."""
     text = repr(args)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 

@@ -52,9 +52,9 @@ QUERIES = _load()
 # insert_task for a statement that is its own transaction (schedule() outside any atomic block, the
 # common case): it can notify at most once anyway, so it calls pg_notify() itself, with the payload
 # timeouts_notify_v1 sends (the deadline as Unix epoch seconds), and skips the PL/pgSQL call and its
-# once-per-transaction bookkeeping: measured statement by statement, 31 us less for a task that
-# notifies (docs: explanation/benchmarks). pg_notify() returns void, which IS NOT NULL: `notified` reads true when
-# it notified, as from insert_task. Derived rather than written out twice, so the two cannot drift.
+# once-per-transaction bookkeeping, on the hot path of a task that notifies. pg_notify() returns
+# void, which IS NOT NULL: `notified` reads true when it notified, as from insert_task. Derived
+# rather than written out twice, so the two cannot drift.
 NOTIFY_ONCE_PER_TRANSACTION = (
     "THEN timeouts_notify_v1(%(channel)s, run_at, created_at + %(horizon)s * interval '1 second')")
 NOTIFY_ITSELF = "THEN pg_notify(%(channel)s, extract(epoch FROM run_at)::text) IS NOT NULL"
@@ -64,12 +64,12 @@ QUERIES["insert_task_autocommit"] = QUERIES["insert_task"].replace(NOTIFY_ONCE_P
 
 # The queries every task runs: schedule()'s INSERT, the claim, the worker's compare-and-set and its
 # outcome. They bind parameters on the server, so psycopg can prepare them: PostgreSQL then skips
-# parsing them, and for the INSERT and the claim planning too (measured side by side: the claim at
-# half the cost, schedule() a quarter less; docs: explanation/benchmarks). Django turns preparing off unless the
-# host sets DATABASES OPTIONS "prepare_threshold" (not behind a pooler that cannot keep prepared
-# statements); the connection of a worker or dispatcher of its own prepares unless OPTIONS say None
-# (own_connection.py). Django's own cursors bind on the client and never prepare, so nothing else
-# of the host's changes. A migration that adds a column is harmless: psycopg prepares again (test_prepared.py).
+# parsing them, and for the INSERT and the claim planning too (docs: explanation/benchmarks). Django
+# turns preparing off unless the host sets DATABASES OPTIONS "prepare_threshold" (not behind a
+# pooler that cannot keep prepared statements); the connection of a worker or dispatcher of its own
+# prepares unless OPTIONS say None (own_connection.py). Django's own cursors bind on the client and
+# never prepare, so nothing else of the host's changes. A migration that adds a column is harmless:
+# psycopg prepares again (test_prepared.py).
 PREPARED = frozenset({"insert_task", "insert_task_autocommit", "claim_due", "start_task", "finish_task",
                       "finish_then_start_task", "fail_task", "confirm_start",
                       "tasks_backend_started", "tasks_backend_returned", "tasks_backend_failed"})
@@ -99,9 +99,8 @@ def execute(name, params=None, *, using=None, partition=None):
 #   and describe its tasks as due one by one, none of them claimed or running. PostgreSQL then
 #   rates the admin's (action_time) index for `action_time = $2`, and the partial lease index for
 #   `status = :RUNNING`, as good as the primary key and cheaper: it takes one, and reads every task due at
-#   that instant, or every running one, to find one, so n tasks due together cost n * n row reads
-#   (the benchmark's burst did: 0.30 against 0.07 ms per lookup at 1,000). Compared with
-#   IS NOT DISTINCT FROM (`=` for these NOT NULL columns), neither is an index condition, so only
+#   that instant, or every running one, to find one, so n tasks due together cost n * n row reads.
+#   Compared with IS NOT DISTINCT FROM (`=` for these NOT NULL columns), neither is an index condition, so only
 #   the primary key (job_id first) can serve the lookup. The parent keeps `action_time = $2`, which
 #   it needs to prune partitions; both queries compare the state so themselves.
 ON_PARTITION = frozenset({"start_task", "finish_task", "finish_then_start_task", "end_call", "confirm_start",
@@ -134,18 +133,17 @@ def on_partition(name: str, partition: str) -> str:
 class _KeptCursor(psycopg.Cursor):
     """psycopg's server-side binding cursor, kept for every run of one prepared query on one
     connection. psycopg caches the parameter dumpers and column loaders per cursor, so a new cursor
-    per call looks them all up again: measured side by side, a new cursor (and the client-side one
-    Django's cursor() builds first) cost 0.07 ms of schedule()'s 0.6 ms. Closing it is a no-op: it
-    holds no server resource, and it goes with its connection."""
+    per call looks them all up again, on every call of the hot path (and so does the client-side
+    cursor Django's cursor() builds first). Closing it is a no-op: it holds no server resource, and
+    it goes with its connection."""
 
     def __init__(self, connection, timezone):
         super().__init__(connection)
         # Django reads timestamptz through a loader of its own, written in Python, which parses the
         # text and then sets Django's time zone. psycopg's own (compiled) loader gives the same
         # datetimes whenever the session's time zone is Django's, which Django sets when it connects.
-        # The worker's start returns seven timestamps: measured side by side in one process, a
-        # batch's task took 608 against 725 us of CPU, schedule() 299 against 334 us (docs:
-        # explanation/benchmarks). A cursor made on a connection in another zone (a host's SET TIME ZONE,
+        # The worker's start returns seven timestamps, and schedule() some too: the compiled loader
+        # spares CPU on every task. A cursor made on a connection in another zone (a host's SET TIME ZONE,
         # USE_TZ off) keeps Django's loader, so its rows read as the ORM's do; one made before such
         # a SET goes on reading the same instants, in the session's new zone.
         if timezone is not None and connection.info.timezone == timezone:
@@ -186,8 +184,8 @@ def fetch_dicts(name, params=None, *, using=None, partition=None) -> list[dict]:
 
 def _column_names(cursor) -> list[str]:
     """The result's column names, read off the libpq result. psycopg builds `cursor.description`
-    anew for every result, a Column per column with its type looked up: for the start's 18 columns,
-    21 us against 1.6 us (measured), on every task."""
+    anew for every result, a Column per column with its type looked up, on every task; the names
+    alone are all the rows need."""
     result = getattr(cursor, "cursor", cursor).pgresult  # Django's CursorWrapper, or a bare cursor
     return [result.fname(i).decode() for i in range(result.nfields)]
 

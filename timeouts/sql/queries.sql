@@ -18,9 +18,8 @@
 -- statement that is its own transaction, queries.py derives insert_task_autocommit, which calls
 -- pg_notify() itself. Returns what the database decided (the caller knows the rest; the attribute
 -- as jsonb gives it back, which can differ from what was passed: 1e16 comes back an int), in this
--- order: this is schedule()'s hot path, and every column returned costs (the attribute alone
--- 12 us of a 0.3 ms INSERT; a CTE returning the row a third more). The job_id carries the task's
--- slot in its low bits (shards.py).
+-- order: this is schedule()'s hot path, and every column returned costs (a CTE returning the row
+-- costs more still). The job_id carries the task's slot in its low bits (shards.py).
 INSERT INTO timeouts_task
     (job_id, biz_type, biz_id, action_time, run_at, attribute, max_attempts, ttr, created_at, modified_at)
 VALUES (nextval('timeouts_task_job_id_seq') * 1024 + %(slot)s, %(biz_type)s, %(biz_id)s,
@@ -86,7 +85,7 @@ SELECT * FROM timeouts_task WHERE job_id = %(job_id)s;
 -- name: reschedule_task
 -- Changing action_time moves the row to another partition when it crosses a bucket boundary.
 -- Both readings of the clock are in one subquery: a nested subquery for `now` would add its
--- planning to every call (measured: 25 us).
+-- planning to every call.
 UPDATE timeouts_task
 SET action_time = due.t, run_at = due.t, status = :PENDING, lease_until = NULL, modified_at = due.now
 FROM (SELECT coalesce(%(at)s::timestamptz, clock_timestamp() + %(delay)s::interval) AS t,
@@ -114,14 +113,14 @@ RETURNING timeouts_task.*, timeouts_notify_v1(%(channel)s, c.now, c.now) AS noti
 -- The scans that choose tasks compare times with `clock.due_by`, a value the planner cannot see
 -- (an InitPlan), rather than with now() + %(lead)s: their plans then do not depend on the
 -- parameters or the clock, and PostgreSQL keeps the generic plan of the prepared claim instead of
--- planning it again for every claim (its partitions times its references to the table: tens of
--- milliseconds). They prune future partitions as they run. The counts and the UPDATE, whose plans
+-- planning it again for every claim (a cost of its partitions times its references to the
+-- table). They prune future partitions as they run. The counts and the UPDATE, whose plans
 -- the estimates do not change, prune with now() + %(lead)s when the claim starts, which spares
 -- setting up their scans of future partitions. Estimated with defaults, the plan is kept to
 -- shapes that read what they return whatever the estimates: LATERAL index scans with LIMIT, and
 -- the UPDATE's rows found by ctid. The LIMIT 5000 of the two rounds
 -- never cuts a claim (claiming.MAX_CLAIM) but caps their estimates, whose cost would otherwise
--- grow with the table and cross jit_above_cost (JIT compiling this plan costs 100+ ms).
+-- grow with the table and cross jit_above_cost (JIT compiling this plan costs more than running it).
 WITH RECURSIVE
 clock AS (
     SELECT now() + %(lead)s * interval '1 second' AS due_by
@@ -329,10 +328,10 @@ claimed AS (
     -- Each row is found again where it was locked (it cannot move while locked): its partition,
     -- then its ctid, by a TID scan of the chosen ctids. Joined by key alone, a partition whose
     -- statistics predate a burst scheduled into it is searched through the admin's (action_time)
-    -- index, which then reads every task due at that instant for each one claimed (measured:
-    -- 56 ms for 500 of 1,000 tasks due at once, against 10 ms); and a generic plan may hash every
-    -- due row of the partition. A row that another transaction changed after this statement's
-    -- snapshot is not found again here: it stays PENDING, and the next claim takes it.
+    -- index, which then reads every task due at that instant for each one claimed; and a generic
+    -- plan may hash every due row of the partition. A row that another transaction changed after
+    -- this statement's snapshot is not found again here: it stays PENDING, and the next claim
+    -- takes it.
     WHERE t.ctid = ANY (ARRAY(SELECT ctid FROM chosen))
       AND t.tableoid = due.tableoid AND t.ctid = due.ctid AND t.job_id = due.job_id
       AND t.action_time = due.action_time
@@ -411,8 +410,8 @@ RETURNING job_id;
 -- name: finish_then_start_task
 -- A batch's previous task's DONE (as finish_task, done_ parameters) and its next task's start (as
 -- start_task) in one statement: one round trip and one durable commit, where the two statements
--- cost a durable commit and one without a flush, which then delays the durable one (a quarter
--- less per task; docs: explanation/benchmarks). Nothing runs between a handler's end and the
+-- cost a durable commit and one without a flush, which then delays the durable one (docs:
+-- explanation/benchmarks). Nothing runs between a handler's end and the
 -- next one's start, so writing the DONE there changes no outcome; it only becomes durable.
 -- Always one row: `finished` says whether the DONE matched; the start's columns are NULL when the
 -- start matched nothing (a stale or early message: running.py goes on as after start_task).
