@@ -116,7 +116,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = broker_transport_options(CELERY_BROKER_URL)
 
 def worker_timer_precision(url):
     """filesystem:// cannot wake Celery's event loop, so ETA messages wait on a timer thread that
-    sleeps this long at a time (Celery's default, 1 s, made every timeout up to a second late)."""
+    sleeps this long at a time (Celery's default, 1 s, would make every timeout up to a second late)."""
     return 0.05 if url.startswith("filesystem://") else 1.0
 
 
