@@ -139,7 +139,7 @@ def _run_fenced(task, fence, body, args, kwargs):
     from .queries import is_partition_name
 
     job_id, action_time, attempt, partition, *rest = fence
-    shard = rest[0] if rest else DEFAULT_DB_ALIAS  # published before shards had a place in the fence
+    shard = rest[0] if rest else DEFAULT_DB_ALIAS  # a four-field fence names no shard: the default
     started_ahead = rest[1] if len(rest) > 1 else None  # by the worker's main process: call_starts.py
     key = {"job_id": job_id, "action_time": datetime.fromisoformat(action_time)}
     partition = partition if is_partition_name(partition) else None
