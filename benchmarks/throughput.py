@@ -6,16 +6,14 @@ seconds, "without" tasks due in an hour. A LISTEN connection counts the notifica
 shows that "with" really notified and "without" did not.
 
 The single-row variants take turns, a tenth of their rows at a time (TURNS), on one table emptied
-before them: one call costs well under a millisecond, and the machine's speed drifts by a third
-within a minute here, which run one after the other fell on one variant and not the next (ratios
-0.38-0.65 between repeats). Each turn starts one variant later, so none always follows the same one.
-They all run on one connection, the bench alias's Django connection (the raw INSERTs through a
-plain psycopg cursor on it, which binds on the server and is prepared like schedule()'s INSERT):
-measured side by side, a block of calls that follows a block on another connection ran 30-50 us a
-call slower all through, whichever code it ran, so with a connection each the ratio depended on
-the order. Nothing waits between the turns: a block that starts
-after the machine idled runs its CPU-heavier calls slower (schedule() at 0.67-0.73x of the raw
-INSERT with 50 ms pauses, 0.76-0.81x without, side by side), so the notifications are counted once,
+before them: one call costs well under a millisecond, and the machine's speed drifts within a
+minute, which, run one after the other, would fall on one variant and not the next. Each turn
+starts one variant later, so none always follows the same one. They all run on one connection,
+the bench alias's Django connection (the raw INSERTs through a plain psycopg cursor on it, which
+binds on the server and is prepared like schedule()'s INSERT): a block of calls that follows a
+block on another connection runs slower all through, whichever code it runs, so with a connection
+each the ratio would depend on the order. Nothing waits between the turns: a block that starts
+after the machine idled runs its CPU-heavier calls slower, so the notifications are counted once,
 after the last turn, each variant's by the second its tasks are due in. "raw INSERT + NOTIFY"
 notifies from the same statement, as schedule() does for a task due soon: NOTIFY's own cost, apart
 from ours.
