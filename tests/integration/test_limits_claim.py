@@ -166,7 +166,7 @@ def test_a_rate_limit_holds_across_claimers_at_once():
     assert min(gaps) >= 0.1 - 1e-6, gaps
     # Nor fewer, but for the claimers' own pace: a token waits for the next claim that finds it, and
     # a claim that overlapped the one before leaves the biz_type alone, so within two rounds (a
-    # claim and the pause: 0.06-0.27 s on 2-vCPU machines), from the first round to the last.
+    # claim and the pause, however long the machine takes for them), from the first round to the last.
     assert max(gaps) <= 0.1 + 2 * round_, (gaps, round_)
     assert len(claimed) >= 1 + (elapsed - 2 * round_) / (0.1 + 2 * round_), (len(claimed), elapsed, round_)
 

@@ -81,8 +81,8 @@ class Report:
     def unstarted_attempts(self) -> int:
         """Asserts that every accounting entry is an attempt that counted and never reached the
         handler (DONE after n attempts, fewer runs recorded): a compare-and-set committed and its reply
-        was lost, or its process died before the handler's first line. More runs than attempts is a
-        bug. Returns how many there are."""
+        was lost, or its process died before the handler's first line. More runs than attempts would
+        break the fence. Returns how many there are."""
         for job_id, what in self.accounting:
             match = re.match(r"DONE after (\d+) attempts, (\d+) runs recorded", what)
             assert match and int(match[2]) < int(match[1]), f"job {job_id}: {what}\n{self}"

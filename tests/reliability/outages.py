@@ -34,8 +34,8 @@ from .clusters import REDIS_SERVER, ThrowawayRedis
 from .oracle import Oracle, Scheduler
 from .race_tools import SCALE, scaled  # noqa: F401  (scaled is part of this module's API for the tests)
 
-# Workers: 8 threads start handlers several times faster than a prefork pool of 2-3 on a 2-core
-# machine (the handlers mostly wait on their databases). The claim cap keeps a claim's wait in the
+# Workers: 8 threads start more handlers a second than a prefork pool of 2-3 on a 2-core machine
+# (the handlers mostly wait on their databases). The claim cap keeps a claim's wait in the
 # broker under half the oracle.ok lease (5 s) at that rate (MAX_DISPATCHED <= starts/s x TTR / 2):
 # a cap the workers cannot drain within the lease makes every lease expire and every task be
 # published again and again, several messages per task.

@@ -26,7 +26,7 @@ from tests.processes import wait_for
 from .clusters import free_port
 
 RABBITMQ_BIN = Path(os.environ.get("TIMEOUTS_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
-START_TIMEOUT = 90.0  # seconds; about 7 s on a 2-core machine
+START_TIMEOUT = 90.0  # seconds: ample for a node booting on a loaded machine
 
 
 def rabbitmq_server_available() -> bool:

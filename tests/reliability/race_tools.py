@@ -21,7 +21,7 @@ SCALE = float(os.environ.get("TIMEOUTS_RELIABILITY_SCALE", "1.0"))
 # several times more tasks a second than a prefork pool of 2 on a 2-core machine.
 WORKER = {"concurrency": 8, "pool": "threads"}
 # Backpressure by the README's rule, MAX_DISPATCHED <= (tasks started per second) x TTR / 2: oracle.ok's
-# TTR is 5 s and this shared machine may start as few as 40 tasks/s. The default (1,000) lets claims
+# TTR is 5 s and a shared, loaded machine starts few tasks a second. The default (1,000) lets claims
 # wait in the broker past their lease: recovery then re-dispatches them again and again, filling the
 # broker with messages the worker has to drop, and a scenario's tasks are not final for minutes.
 MAX_DISPATCHED = 100

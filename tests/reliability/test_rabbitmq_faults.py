@@ -39,17 +39,16 @@ SETTINGS = "tests.reliability.settings_calls"
 SPREAD = 40.0  # seconds over which the tasks are scheduled
 CRASH_SPREAD = 10.0  # seconds over which the tasks scheduled from the kill are
 CALLS_WINDOW = 60.0  # seconds over which the calls fall due: past the stop, into the kill
-# Prefork, as in most deployments. A `-P threads` worker (Celery 5.7, py-amqp 5.4), twice out of two
-# runs, reconnected after the clean stop and then consumed nothing until the AMQP heartbeat (120 s)
-# closed that connection; prefork workers go on within seconds.
+# Prefork, as in most deployments. A `-P threads` worker can reconnect after the clean stop and then
+# consume nothing until the AMQP heartbeat closes that connection; prefork workers go on within seconds.
 POOL = {"pool": "prefork", "concurrency": 4}
 
 
 @contextmanager
 def stacks_if_nothing_runs(workers):
     """A wait for runs that times out leaves, in worker.log, the stack of every thread of the worker's
-    main process (Celery's SIGUSR1 handler): a worker that reconnected and then took nothing, as
-    seen on busy CI machines, shows where it waits."""
+    main process (Celery's SIGUSR1 handler): a worker that reconnected and then took nothing
+    (a busy machine can bring that about) shows where it waits."""
     try:
         yield
     except AssertionError:

@@ -222,8 +222,8 @@ def test_a_backlog_held_back_by_backpressure_does_not_spin_the_dispatcher(worker
     claimed = after["claimed"] - before["claimed"]
     print(f"held back: {wakeups / elapsed:.1f} claims/s, {claimed / max(wakeups, 1):.1f} tasks per claim")
     assert claimed > 0  # the backlog moved
-    # Backing off 50-100 ms between claims makes at most ~13 a second; chasing each start makes 25 or
-    # more here, and far more when the database is the busy one.
+    # Backing off 50-100 ms between claims makes at most ~13 a second; chasing each start would make
+    # more, and far more when the database is the busy one.
     assert wakeups / elapsed <= 15
 
 
