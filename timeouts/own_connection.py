@@ -15,9 +15,8 @@ Django's own. Two options differ:
 
 - `prepare_threshold`: psycopg's default (prepare a statement after five runs) unless the entry's
   OPTIONS name a value, `None` included. The hot queries then skip PostgreSQL's parse and, for the
-  claim, its planning (docs: explanation/benchmarks). Behind a pooler
-  that cannot keep prepared statements (PgBouncer in transaction mode before 1.21) set
-  `"prepare_threshold": None` in OPTIONS.
+  claim, its planning (docs: explanation/benchmarks). Behind a pooler that cannot keep prepared
+  statements (PgBouncer in transaction mode before 1.21) set `"prepare_threshold": None` in OPTIONS.
 - `pool`: never. One long-lived connection per thread needs no pool, and a pool's connections are
   made with the pool's own options.
 

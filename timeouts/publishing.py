@@ -42,9 +42,9 @@ BATCH_WINDOW = 0.01
 # The same, for a claim that also took a backlog's tasks (due over BACKLOG_AFTER ago). Every process
 # is then busy with the backlog, each message claimed on time gets one that gives way for it
 # (on_time_first), and tasks sharing a message run one after another at a loaded server's pace:
-# apart, they run side by side. Not so without a backlog, where every
-# message holds a process from its ETA to its first task, and more messages keep more of them
-# waiting (docs: explanation/benchmarks).
+# apart, they run side by side. Not so without a backlog, where every message holds a process from
+# its ETA to its first task, and more messages keep more of them waiting (docs:
+# explanation/benchmarks).
 BESIDE_BACKLOG_WINDOW = 0.002
 # How much before its first task's run_at a message claimed ahead is due by its Celery ETA. Celery's
 # ETA timer (in the worker's main process) hands a message to a pool process a few milliseconds

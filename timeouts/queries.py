@@ -93,7 +93,7 @@ def execute(name, params=None, *, using=None, partition=None):
 # returns it, the message carries it). Through the partitioned parent, PostgreSQL plans such an
 # UPDATE on every call, even prepared (a generic plan could not prune partitions before running);
 # on the partition itself the prepared plan is reused (for a stored Celery call's outcome, docs:
-# explanation/benchmarks, "The catch-up against Celery's own pace"). on_partition() makes two changes:
+# explanation/benchmarks). on_partition() makes two changes:
 # - PARENT_UPDATE: the table updated;
 # - PARENT_KEY: the lookup. A partition's statistics can be older than a burst scheduled into it,
 #   and describe its tasks as due one by one, none of them claimed or running. PostgreSQL then

@@ -110,17 +110,17 @@ RETURNING timeouts_task.*, timeouts_notify_v1(%(channel)s, c.now, c.now) AS noti
 -- and pauses of timeouts_limits, skipping rows another claimer or a cancel holds. A claim takes a
 -- lease of the task's TTR; attempts is counted when the handler starts, not here.
 --
--- The scans that choose tasks compare times with `clock.due_by`, a value the planner cannot see
--- (an InitPlan), rather than with now() + %(lead)s: their plans then do not depend on the
--- parameters or the clock, and PostgreSQL keeps the generic plan of the prepared claim instead of
--- planning it again for every claim (a cost of its partitions times its references to the
--- table). They prune future partitions as they run. The counts and the UPDATE, whose plans
--- the estimates do not change, prune with now() + %(lead)s when the claim starts, which spares
--- setting up their scans of future partitions. Estimated with defaults, the plan is kept to
--- shapes that read what they return whatever the estimates: LATERAL index scans with LIMIT, and
--- the UPDATE's rows found by ctid. The LIMIT 5000 of the two rounds
--- never cuts a claim (claiming.MAX_CLAIM) but caps their estimates, whose cost would otherwise
--- grow with the table and cross jit_above_cost (JIT compiling this plan costs more than running it).
+-- The scans that choose tasks compare times with `clock.due_by`, a value the planner cannot see (an
+-- InitPlan), rather than with now() + %(lead)s: their plans then do not depend on the parameters or
+-- the clock, and PostgreSQL keeps the generic plan of the prepared claim instead of planning it
+-- again for every claim (a cost that grows with its partitions times its references to the table).
+-- They prune future partitions as they run. The counts and the UPDATE, whose plans the estimates do
+-- not change, prune with now() + %(lead)s when the claim starts, which spares setting up their
+-- scans of future partitions. Estimated with defaults, the plan is kept to shapes that read what
+-- they return whatever the estimates: LATERAL index scans with LIMIT, and the UPDATE's rows found
+-- by ctid. The LIMIT 5000 of the two rounds never cuts a claim (claiming.MAX_CLAIM) but caps their
+-- estimates, whose cost would otherwise grow with the table and cross jit_above_cost (JIT compiling
+-- this plan would cost far more than the claim).
 WITH RECURSIVE
 clock AS (
     SELECT now() + %(lead)s * interval '1 second' AS due_by
@@ -411,8 +411,8 @@ RETURNING job_id;
 -- A batch's previous task's DONE (as finish_task, done_ parameters) and its next task's start (as
 -- start_task) in one statement: one round trip and one durable commit, where the two statements
 -- cost a durable commit and one without a flush, which then delays the durable one (docs:
--- explanation/benchmarks). Nothing runs between a handler's end and the
--- next one's start, so writing the DONE there changes no outcome; it only becomes durable.
+-- explanation/benchmarks). Nothing runs between a handler's end and the next one's start, so
+-- writing the DONE there changes no outcome; it only becomes durable.
 -- Always one row: `finished` says whether the DONE matched; the start's columns are NULL when the
 -- start matched nothing (a stale or early message: running.py goes on as after start_task).
 -- test_batches checks that it leaves both rows as the two queries do.
