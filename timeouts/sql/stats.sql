@@ -188,14 +188,15 @@ GROUP BY s.bucket;
 
 
 -- name: recent_lateness_of_biz_type
--- The tasks of one biz_type due in (now - window, now], the latest `limit` of them, by bucket of `bucket` seconds counted back from now: p50 and p99 of the
--- lateness of first attempts, started_at - action_time, or now - action_time for one still
--- waiting to start (late so far: a paused or limited biz_type shows here before its tasks
--- start). Cancelled tasks and retries are read and left out. The biz_type is a constant (one
--- statement per biz_type), so PostgreSQL plans with that biz_type's own frequency: a rare one's
--- rows off timeouts_task_biz_type, a frequent one's off timeouts_task_action_time (a parameter from
--- a join would be planned with an average frequency, and the whole window read for a rare one).
--- Either index yields the rows in time order, so the LIMIT stops the scan; one or two partitions.
+-- The tasks of one biz_type due in (now - window, now], the latest `limit` of them, by bucket of
+-- `bucket` seconds counted back from now: the median and the 99th percentile of the lateness of
+-- first attempts, started_at - action_time, or now - action_time for one still waiting to start
+-- (late so far: a paused or limited biz_type shows here before its tasks start). Cancelled tasks
+-- and retries are read and left out. The biz_type is a constant (one statement per biz_type), so
+-- PostgreSQL plans with that biz_type's own frequency: a rare one's rows off
+-- timeouts_task_biz_type, a frequent one's off timeouts_task_action_time (a parameter from a join
+-- would be planned with an average frequency, and the whole window read for a rare one). Either
+-- index yields the rows in time order, so the LIMIT stops the scan; one or two partitions.
 SELECT s.bucket, count(*) FILTER (WHERE s.first_attempt) AS tasks,
        percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY s.late) FILTER (WHERE s.first_attempt)
            AS percentiles,
