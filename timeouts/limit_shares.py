@@ -2,9 +2,9 @@
 
 Every shard claims from its own table in a statement of its own (claim_due), so a limit held whole
 on each would let N shards start N times the limit. Each shard's row of timeouts_limits says instead
-what part of the limit in force its claims may use, as a fraction of it (sql/0006_limit_shares.sql):
-even parts until the scan first shares them out, then parts after each shard's demand that add up
-to at most the whole:
+what part of the limit in force its claims may use, as a fraction of it
+(sql/migrations/0001_limits.sql): even parts until the scan first shares them out, then parts after
+each shard's demand that add up to at most the whole:
 
 - a rate: a tenth of it in even parts, so that a shard with nothing due still starts a new task at
   once, and the rest in proportion to the tasks due on each shard within the next SCAN_INTERVAL;
@@ -161,7 +161,7 @@ def concurrency_parts(limit: int, in_flight: list[int], dues: list[int]) -> list
 
 def current_tasks(limit: int, share: float | None, index: int, count: int) -> int:
     """A shard's concurrency part in tasks, as the claims read it (timeouts_concurrency_part in
-    sql/0006_limit_shares.sql): an even integer split when unset."""
+    sql/migrations/0001_limits.sql): an even integer split when unset."""
     if share is None:
         return limit * (index + 1) // count - limit * index // count
     return math.floor(limit * share + 1e-9)

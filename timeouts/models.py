@@ -1,6 +1,6 @@
 """`TimeoutTask`: one row per "at this time, run this handler for this business object".
 
-The table itself is created by SQL (see migrations/0001_initial.py): it is partitioned by
+The table itself is created by SQL (sql/migrations/0001_tasks.sql): it is partitioned by
 action_time, its database key is (job_id, action_time), and CHECK constraints hold the state rules.
 Django sees `job_id` as the primary key, which is unique on its own, across shards too (shards.py).
 """

@@ -25,7 +25,7 @@ VOLATILE = frozenset({
     "pg_sleep", "pg_total_relation_size", "pg_advisory_lock", "pg_advisory_xact_lock",
     "pg_advisory_xact_lock_shared", "pg_try_advisory_lock", "pg_try_advisory_xact_lock",
     "pg_advisory_unlock", "pg_logical_emit_message",
-    "timeouts_notify_v1",  # migration 0002: PL/pgSQL, volatile by default (and it NOTIFYs)
+    "timeouts_notify_v1",  # sql/migrations/0001_notify.sql: PL/pgSQL, volatile by default (and it NOTIFYs)
 })
 # The other functions the queries call, STABLE or IMMUTABLE. A query that calls a function in
 # neither list fails test_every_function_a_query_calls_is_classified: add it to the right one
@@ -34,7 +34,7 @@ NOT_VOLATILE = frozenset({
     "count", "min", "max", "sum", "array_agg", "row_number", "percentile_cont", "floor", "unnest",
     "generate_series", "extract", "date_trunc", "format", "hashtext", "regexp_match", "jsonb_build_array",
     "jsonb_build_object", "now", "statement_timestamp", "current_setting", "pg_get_expr", "obj_description",
-    "timeouts_rate_part", "timeouts_concurrency_part",  # migration 0006: IMMUTABLE
+    "timeouts_rate_part", "timeouts_concurrency_part",  # sql/migrations/0001_limits.sql: IMMUTABLE
 })
 
 # The NOTIFY that wakes the dispatchers rides on the write whose deadline it announces: one round

@@ -1,4 +1,5 @@
-"""The SQL files of timeouts/sql: task states written as `:PENDING`, ... (timeouts/states.py), and
+"""The SQL files of timeouts/sql: task states written as `:PENDING`, ... (timeouts/states.py); the
+runtime query files in timeouts/sql, the migrations' in timeouts/sql/migrations, each read once; and
 migration SQL that, once substituted, is the text that already ran."""
 
 import hashlib
@@ -11,7 +12,8 @@ from timeouts import states
 from timeouts.states import Status
 
 SQL_DIR = Path(states.__file__).with_name("sql")
-SQL_FILES = sorted(SQL_DIR.glob("*.sql"))
+MIGRATION_SQL_DIR = SQL_DIR / "migrations"
+SQL_FILES = sorted(SQL_DIR.rglob("*.sql"))
 
 # A status compared with, or set to, a number.
 BARE_STATUS_NUMBER = [
@@ -25,18 +27,12 @@ BARE_STATUS_NUMBER = [
 
 # sha256 of each migration SQL file after substitution: the text every existing database ran.
 MIGRATED = {
-    "0001_schema.sql": "62e905c5a2a74dbaaa0620b901c3338aebd64f939c3acc5cffb0aecd31608d40",
-    "0001_schema_reverse.sql": "3365fbd341a44f8052280f87b0a5013ef8c636ed7969312bcd7f531fb917a0a5",
-    "0002_notify.sql": "53073117303c01bc37ccc290d6998ead862703a8bc340629cdf1260393581a06",
-    "0002_notify_reverse.sql": "55011e5005309992ce597e8a06de4556fef892ce04b0f238d56f2224dd6b8a5b",
-    "0003_admin_indexes.sql": "b84f4444bfc4bfd2cd617f3c8e76fb8d22adebd7e18fea3432cec3c49638c25d",
-    "0003_admin_indexes_reverse.sql": "000992dba08be07a59ecfe400746ee41cdffe4e40445e7118c1d2cb0f4fc059c",
-    "0004_task_results.sql": "7ea7f291901f773430a8f8ff12c673545b34c60183b58836d7c67b7f1eaf5d64",
-    "0004_task_results_reverse.sql": "90e27394f99495c48865f52ca0b67123424e6cb23cf99f1545f470519b4b8b0f",
-    "0005_limits.sql": "5aab8ed185b3088801adb4759d5c079a82dbb1601ef4fe8978e59f5bfa0ccafd",
-    "0005_limits_reverse.sql": "97bdcb154b1ba8e5063d4937ce5f316cc6c545e3e3111cfe9109a91d2a41b93d",
-    "0006_limit_shares.sql": "498552fd85e06856c2d3d0e121f0d9f3125da04c8d707afeaf39f17301482891",
-    "0006_limit_shares_reverse.sql": "ccd6dbea21fd8e7e619c16f4f3624c9dc7da5db93dcae4aa4437879ed77e7331",
+    "0001_limits.sql": "dcc32aa30a4c2e15f924d1a8a3604922b1e38b9f7fbfbfc707fd7869a26c9685",
+    "0001_limits_reverse.sql": "7abdb31fec9fc9f034db78e94a2bbe9ccb92fc02ea33ef3e3c1d32d2647cf18f",
+    "0001_notify.sql": "53073117303c01bc37ccc290d6998ead862703a8bc340629cdf1260393581a06",
+    "0001_notify_reverse.sql": "55011e5005309992ce597e8a06de4556fef892ce04b0f238d56f2224dd6b8a5b",
+    "0001_tasks.sql": "f21155a5630581ea16530054c2d9471417e35c3bb150fb52706ceee31f8c32ac",
+    "0001_tasks_reverse.sql": "3365fbd341a44f8052280f87b0a5013ef8c636ed7969312bcd7f531fb917a0a5",
 }
 
 
@@ -45,14 +41,14 @@ def test_the_state_numbers_are_the_public_ones():
         "PENDING": 0, "DISPATCHED": 1, "DONE": 2, "CANCELLED": 3, "RUNNING": 4, "DEAD": 5}
 
 
-@pytest.mark.parametrize("path", SQL_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", SQL_FILES, ids=lambda p: str(p.relative_to(SQL_DIR)))
 def test_no_status_is_compared_with_a_bare_number(path):
     text = path.read_text()
     found = [m.group(0) for pattern in BARE_STATUS_NUMBER for m in pattern.finditer(text)]
     assert not found, f"{path.name}: write the states as :PENDING, :DONE, ...: {found}"
 
 
-@pytest.mark.parametrize("path", SQL_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", SQL_FILES, ids=lambda p: str(p.relative_to(SQL_DIR)))
 def test_every_placeholder_is_a_known_state(path):
     names = set(states.PLACEHOLDER.findall(path.read_text()))
     assert names <= set(Status.names), f"{path.name}: unknown {names - set(Status.names)}"
@@ -105,9 +101,14 @@ def test_every_named_query_is_used():
 def test_every_sql_file_is_read_once():
     from timeouts import queries
 
+    # timeouts/sql holds the runtime query files, each read by queries.py; sql/migrations holds the
+    # migrations' files, each named by exactly one migration. Nothing else lies in either.
+    assert {path.parent for path in SQL_FILES} == {SQL_DIR, MIGRATION_SQL_DIR}
+    runtime = {path.name for path in SQL_FILES if path.parent == SQL_DIR}
+    assert runtime == set(queries.QUERY_FILES), f"timeouts/sql holds {sorted(runtime)}, QUERY_FILES names others"
     migrations = {path.name: text for path, text in _package_sources().items() if path.parent.name == "migrations"}
     for path in SQL_FILES:
-        if path.name in queries.QUERY_FILES:
+        if path.parent != MIGRATION_SQL_DIR:
             continue
         users = [name for name, text in migrations.items() if re.search(rf"[\"']{re.escape(path.name)}[\"']", text)]
         assert len(users) == 1, f"{path.name} is used by {users or 'no migration'}: each by exactly one"

@@ -1,6 +1,14 @@
-"""The partitioned task table. The database side is SQL (sql/0001_schema.sql): Django cannot express
-a partitioned table whose key includes the partition column while the model's primary key is job_id.
-The state side is the plain model Django and its admin work with."""
+"""timeouts' schema. The database side is SQL (sql/migrations/0001_*.sql): Django cannot express a
+partitioned table whose key includes the partition column while the model's primary key is job_id.
+The state side is the plain model Django and its admin work with.
+
+- 0001_tasks.sql: the partitioned task table, its DEFAULT partition and its indexes;
+- 0001_notify.sql: the function that wakes the dispatchers;
+- 0001_limits.sql: the biz_types' limits (timeouts_limits, read and written through
+  timeouts.isolation and timeouts.limit_shares: no model), the index fair claiming walks and each
+  shard's part of a limit. The permission to change limits from the admin is the task model's.
+
+The first partitions are created last, when the table and its indexes are complete."""
 
 from django.db import migrations, models
 
@@ -20,7 +28,7 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.SeparateDatabaseAndState(
-            database_operations=[run_sql_file("0001_schema.sql", reverse="0001_schema_reverse.sql")],
+            database_operations=[run_sql_file("0001_tasks.sql", reverse="0001_tasks_reverse.sql")],
             state_operations=[
                 migrations.CreateModel(
                     name='TimeoutTask',
@@ -46,10 +54,12 @@ class Migration(migrations.Migration):
                     options={
                         'verbose_name': 'timeout task',
                         'db_table': 'timeouts_task',
-                        'permissions': [('cancel_timeouttask', 'Can cancel timeout tasks and run them now'), ('requeue_timeouttask', 'Can requeue dead or cancelled timeout tasks')],
+                        'permissions': [('cancel_timeouttask', 'Can cancel timeout tasks and run them now'), ('requeue_timeouttask', 'Can requeue dead or cancelled timeout tasks'), ('change_limits', 'Can pause, resume and change the limits of a biz type')],
                     },
                 ),
             ],
         ),
+        run_sql_file("0001_notify.sql", reverse="0001_notify_reverse.sql"),
+        run_sql_file("0001_limits.sql", reverse="0001_limits_reverse.sql"),
         migrations.RunPython(create_first_partitions, migrations.RunPython.noop),
     ]

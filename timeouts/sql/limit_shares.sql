@@ -1,5 +1,6 @@
 -- Limits across shards: setting each shard's part of a biz_type's limits (timeouts/limit_shares.py;
--- the columns: sql/0006_limit_shares.sql). Run by the scan, a few statements per shard per scan.
+-- the columns: sql/migrations/0001_limits.sql). Run by the scan, a few statements per shard per
+-- scan.
 
 
 -- name: limit_demand

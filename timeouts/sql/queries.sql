@@ -176,9 +176,9 @@ due_types AS (
 -- the snapshot (`current` false) was claimed from after this snapshot, whose counts of running
 -- tasks are then stale: that biz_type is left alone too. So claims of a limited biz_type follow
 -- one another, each seeing every claim before it, however many claimers run. On one of several
--- shards, this shard's part of each limit (sql/0006_limit_shares.sql): the claims of every shard
--- together stay within the deployment's limit. Each limit is read as within the bounds the API
--- accepts (timeouts/validation.py: a rate from one start a day to a million a second, a
+-- shards, this shard's part of each limit (sql/migrations/0001_limits.sql): the claims of every
+-- shard together stay within the deployment's limit. Each limit is read as within the bounds the
+-- API accepts (timeouts/validation.py: a rate from one start a day to a million a second, a
 -- concurrency up to a million) and a rate's part as at least a millionth of it (the scan writes
 -- none below a tenth of an even part), as claimable_deadline reads them: a row written by hand
 -- past them cannot take this statement's arithmetic out of range, which would stop the claims of
@@ -574,8 +574,9 @@ RETURNING t.job_id;
 
 -- The limits and pauses of biz_types (timeouts/isolation.py), in timeouts_limits. What is in force
 -- (set_limits()' values when overridden, else the handler's declared ones) is in its columns
--- rate_limit_in_force and concurrency_in_force (sql/0007_limits_in_force.sql). A change that may let
--- tasks be claimed sooner wakes the dispatchers (with "now" as the deadline), so it applies at once.
+-- rate_limit_in_force and concurrency_in_force (sql/migrations/0001_limits.sql). A change that may
+-- let tasks be claimed sooner wakes the dispatchers (with "now" as the deadline), so it applies at
+-- once.
 -- A write reads the clock for the row it inserts: the upsert's update takes that reading from
 -- `excluded`, and the NOTIFY's "now" is the row's modified_at.
 

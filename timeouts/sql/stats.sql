@@ -216,7 +216,7 @@ GROUP BY s.bucket;
 -- name: stored_limits
 -- The limits and pauses stored per biz_type (timeouts.limits; one small row each): in force, the
 -- override when there is one, else what the handler declares; and this shard's part of them, as
--- its claims read it (sql/0006_limit_shares.sql).
+-- its claims read it (sql/migrations/0001_limits.sql).
 SELECT l.biz_type, l.declared_rate_limit, l.declared_concurrency, l.overridden, l.paused,
        l.rate_limit_in_force AS rate_limit, l.concurrency_in_force AS concurrency,
        timeouts_rate_part(l.rate_limit_in_force, l.rate_share, %(shard_count)s::integer) AS rate_part,

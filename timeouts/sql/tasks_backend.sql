@@ -1,8 +1,8 @@
 -- Tasks of Django's tasks framework (timeouts/backends): rows whose biz_type starts with "tasks:"
 -- (timeouts/tasks_queues.py), whose attribute is the call (the task's path, its arguments, the
--- backend's alias) and whose result lives in the columns of migration 0004 (return_value, errors,
--- worker_ids). A result id names the row's key, so every statement here finds its row by primary
--- key in one partition. The worker's statements commit without waiting for the WAL flush, as
+-- backend's alias) and whose result lives in the columns return_value, errors and worker_ids
+-- (sql/migrations/0001_tasks.sql). A result id names the row's key, so every statement here finds
+-- its row by primary key in one partition. The worker's statements commit without waiting for the WAL flush, as
 -- finish_task does: each is followed by running.py's outcome (finish_task, fail_task), which comes
 -- later in the WAL, so a crash that loses one of them loses that outcome too, and the task runs
 -- again (at least once); the worker saves a disk flush per statement. jsonb comes back as text,

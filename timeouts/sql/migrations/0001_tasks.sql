@@ -23,6 +23,15 @@ CREATE TABLE timeouts_task (
     dispatched_at timestamptz,
     started_at    timestamptz,
     finished_at   timestamptz,
+    -- Where a task of Django's tasks framework (timeouts.backends.TimeoutsBackend) keeps its
+    -- result; other tasks leave them NULL. The model does not declare them: the admin and the ORM
+    -- never read them, so listing tasks does not fetch them; the backend reads them by primary key.
+    -- The JSON the task's function returned (JSON null for None); NULL until it returned.
+    return_value  jsonb,
+    -- [{"exception_class_path": ..., "traceback": ...}, ...]: one entry per failed attempt.
+    errors        jsonb,
+    -- The worker that started each attempt, in order.
+    worker_ids    text[],
     PRIMARY KEY (job_id, action_time),
     CONSTRAINT timeouts_task_biz_type_valid CHECK (biz_type ~ '^[A-Za-z0-9_.:-]{1,64}$'),
     CONSTRAINT timeouts_task_biz_id_valid CHECK (length(biz_id) BETWEEN 1 AND 255),
@@ -55,3 +64,27 @@ CREATE INDEX timeouts_task_lease ON timeouts_task (lease_until) WHERE status IN 
 
 -- Cancel by business key, on_conflict, and the admin's search by biz_id.
 CREATE INDEX timeouts_task_biz ON timeouts_task (biz_id, biz_type);
+
+-- Indexes for the operators' side (the admin, timeouts_stats, the metrics). The admin lists tasks in
+-- action_time order, 100 at a time. On a partitioned table that is a Merge Append of one ordered
+-- index scan per partition, and each scan must find its first match before the first row comes
+-- out: a filter that an index only checks row by row would read every partition that holds no
+-- match to its end. So each filter column leads an index of its own, followed by action_time.
+--
+-- Every index is paid for by inserts and by status changes (status updates are never HOT here):
+-- two full indexes and one partial one, which only holds PENDING, CANCELLED and DEAD rows. The
+-- other statuses are served without it: DISPATCHED and RUNNING by timeouts_task_lease (few rows),
+-- DONE by timeouts_task_action_time over the past partitions only (a task is done only after its
+-- action_time).
+
+-- The changelist's order (newest first by default, both directions) and its "next hour" and
+-- "today" windows.
+CREATE INDEX timeouts_task_action_time ON timeouts_task (action_time);
+
+-- The biz_type filter, however rare the biz_type.
+CREATE INDEX timeouts_task_biz_type ON timeouts_task (biz_type, action_time);
+
+-- The PENDING, CANCELLED and DEAD filters, however rare they are in a partition (PENDING tasks are
+-- rare in past partitions; DEAD tasks wait for an operator and keep their partition from being dropped).
+CREATE INDEX timeouts_task_status ON timeouts_task (status, action_time)
+    WHERE status IN (:PENDING, :CANCELLED, :DEAD);

@@ -1,2 +1,0 @@
-DROP INDEX IF EXISTS timeouts_task_due_by_type;
-DROP TABLE IF EXISTS timeouts_limits;

@@ -1,0 +1,83 @@
+-- Business isolation: the limits and pauses of biz_types, each shard's part of them, and the index
+-- fair claiming walks.
+
+-- One row per biz_type that has limits, a pause, or a handler that declares limits. Small and
+-- unpartitioned: the claim reads it (and locks the rows of the limited biz_types it claims), the
+-- limits functions (timeouts/isolation.py) write it. What is in force for a biz_type:
+-- rate_limit and concurrency when overridden, else the declared ones; NULL means no limit.
+CREATE TABLE timeouts_limits (
+    biz_type             varchar(64)      PRIMARY KEY,
+    -- What the handler declares (@timeouts.handler(rate_limit=, concurrency=)): the claimers write
+    -- the values of the code they run (isolation.declare()).
+    declared_rate_limit  double precision,
+    declared_concurrency integer,
+    -- set_limits(): these replace the declared values until reset_limits().
+    overridden           boolean          NOT NULL DEFAULT false,
+    rate_limit           double precision,
+    concurrency          integer,
+    -- pause(): no task of this biz_type is claimed until resume().
+    paused               boolean          NOT NULL DEFAULT false,
+    -- The rate limit's token bucket, kept by the claim: `tokens` claims were allowed at
+    -- `refilled_at` (database clock), and it refills at the rate, up to one second's worth (and
+    -- at least one). NULL refilled_at: full.
+    tokens               double precision NOT NULL DEFAULT 0,
+    refilled_at          timestamptz,
+    modified_at          timestamptz      NOT NULL DEFAULT clock_timestamp(),
+    -- Limits across shards: with several shards (TIMEOUTS["SHARDS"]) every shard claims from its
+    -- own table, so a limit held whole on each would let N times the limit through. Each shard's
+    -- row says instead what part of the limit in force its claims may use, as a fraction of it:
+    -- the rest belongs to the other shards. timeouts/limit_shares.py sets the parts after demand,
+    -- so that they add up to at most the whole; NULL (a new row, or one shard) means an even part:
+    -- 1/N of the rate, and an even integer split of the concurrency. Fractions rather than numbers
+    -- of tasks: a new limit (set_limits(), a deploy) is then shared as the old one was, on each
+    -- shard as soon as it is written there.
+    rate_share           double precision,
+    concurrency_share    double precision,
+    -- The limits in force, kept by PostgreSQL beside the values they come from: the override when
+    -- set_limits() made one, else what the handler declares; NULL means no limit. Every statement
+    -- that honours or shows a limit reads these two columns, so the rule lives here alone. Stored,
+    -- so reading them costs the claim nothing.
+    rate_limit_in_force  double precision
+        GENERATED ALWAYS AS (CASE WHEN overridden THEN rate_limit ELSE declared_rate_limit END) STORED,
+    concurrency_in_force integer
+        GENERATED ALWAYS AS (CASE WHEN overridden THEN concurrency ELSE declared_concurrency END) STORED,
+    CONSTRAINT timeouts_limits_biz_type_valid CHECK (biz_type ~ '^[A-Za-z0-9_.:-]{1,64}$'),
+    -- NaN compares above Infinity in PostgreSQL: `< 'Infinity'` rejects both.
+    CONSTRAINT timeouts_limits_rate_limits_valid CHECK (
+        (declared_rate_limit > 0 AND declared_rate_limit < 'Infinity') IS NOT FALSE
+        AND (rate_limit > 0 AND rate_limit < 'Infinity') IS NOT FALSE),
+    CONSTRAINT timeouts_limits_concurrencies_valid CHECK (declared_concurrency >= 1 IS NOT FALSE AND concurrency >= 1 IS NOT FALSE),
+    CONSTRAINT timeouts_limits_override_only_when_overridden CHECK (overridden OR (rate_limit IS NULL AND concurrency IS NULL)),
+    CONSTRAINT timeouts_limits_tokens_valid CHECK (tokens >= 0 AND tokens < 'Infinity'),
+    -- A rate share is never 0: the claim's token bucket refills at the shared rate, and the
+    -- dispatcher divides by it. A concurrency share may be 0: none of the biz_type's tasks may start
+    -- here now.
+    CONSTRAINT timeouts_limits_shares_valid CHECK (
+        (rate_share > 0 AND rate_share <= 1) IS NOT FALSE
+        AND (concurrency_share >= 0 AND concurrency_share <= 1) IS NOT FALSE)
+);
+
+-- Fair claiming: the claim steps from one biz_type with PENDING tasks to the next through this
+-- index (one probe each, however many tasks wait), then takes each biz_type's share of a claim in
+-- run_at order. Partial, like timeouts_task_due: it only holds waiting tasks.
+CREATE INDEX timeouts_task_due_by_type ON timeouts_task (biz_type, run_at) WHERE status = :PENDING;
+
+-- A shard's part of a biz_type's limits, as the claims read them (claim_due, claimable_deadline):
+-- the whole limit on the only shard; else the part the scan stored, or an even part until it has:
+-- 1/N of the rate, and the concurrency split into N integers that add up to it. NULL limit, NULL
+-- part. Plain SQL and IMMUTABLE, so the planner inlines them into the claim's plan.
+CREATE FUNCTION timeouts_rate_part(rate_limit double precision, share double precision,
+                                   shard_count integer)
+RETURNS double precision LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT rate_limit * CASE WHEN shard_count = 1 THEN 1 ELSE coalesce(share, 1.0 / shard_count) END
+$$;
+
+CREATE FUNCTION timeouts_concurrency_part(concurrency integer, share double precision,
+                                          shard_index integer, shard_count integer)
+RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN shard_count = 1 THEN concurrency
+                -- stored as a fraction of the limit: exact for the limit it was shared from
+                WHEN share IS NOT NULL THEN floor(concurrency * share + 1e-9)::integer
+                ELSE concurrency * (shard_index + 1) / shard_count - concurrency * shard_index / shard_count
+           END
+$$;
