@@ -17,5 +17,6 @@ class TimeoutsConfig(AppConfig):
         register_from_settings()
         # Imported for what importing does: the system checks register themselves, the Celery tasks
         # join the host's app, the dispatcher thread starts in workers when DISPATCHER_IN_WORKER is on,
-        # and workers hand tasks claimed on time to their pool first.
-        from . import checks, on_time_first, tasks, worker_dispatcher  # noqa: F401
+        # workers hand tasks claimed on time to their pool first, and a pool process Celery kills
+        # cannot leave its worker's main process stuck.
+        from . import checks, on_time_first, pool_process_exit, tasks, worker_dispatcher  # noqa: F401
