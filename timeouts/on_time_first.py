@@ -29,6 +29,7 @@ import multiprocessing
 import time
 from collections import deque
 
+from celery import bootsteps
 from celery.signals import task_received, worker_init
 
 from .call_starts import StartingRequest
@@ -118,9 +119,11 @@ def _received(sender=None, request=None, **kwargs):
     # (docs: explanation/benchmarks).
     if _asks is None or worker is None or _waiting_of(worker) is None or not _a_batch_claimed_ahead(request):
         return
-    # Delivered again: Celery dropped the request and cleared its semaphore, which forgot any process
-    # held for it, so the old ask is forgotten too.
-    _ahead.pop(request.id, None)
+    # Delivered again: Celery dropped the request, so the ask made for it since the worker last
+    # reconnected (those made before are forgotten: ForgetAsks) is let go.
+    dropped = _ahead.pop(request.id, None)
+    if dropped is not None:
+        dropped.let_go()
     eta = request.eta.timestamp()
     until_ask = eta - ASK_AHEAD - time.time()
     if until_ask > 0:
@@ -132,6 +135,11 @@ def _received(sender=None, request=None, **kwargs):
 def _ask_ahead(worker, timer, request_id, eta):
     if worker.semaphore.value > 0 or request_id in _ahead:
         return  # a process is free: the request takes it at its ETA, as any other
+    if eta <= time.time():
+        # Too late to ask ahead: the timer was held up (the worker reconnects to a lost broker in
+        # the timer's thread, and Celery dropped the request meanwhile), or the request is being
+        # offered now, and asks for itself if it has to wait.
+        return
     waiter = _Waiter(worker, eta, request_id=request_id)
     _ahead[request_id] = waiter
     _queue(worker, waiter)
@@ -165,6 +173,7 @@ class _Waiter:
     def __init__(self, worker, eta, request=None, request_id=None):
         self.worker, self.eta, self.request, self.request_id = worker, eta, request, request_id
         self.holding = False
+        self.wanted = True  # False once let go: no process is held for it any more
 
     def __call__(self):
         """A process is free for it. If it was not one that gave way (a batch ended by itself), an
@@ -174,22 +183,48 @@ class _Waiter:
             _asks[ASKED] = min(_asks[ASKED], still_waiting)
         if self.request is not None:
             self.worker._process_task(self.request)
+        elif not self.wanted:
+            self.worker.semaphore.release()  # to the next in the queue, or back to the pool
         else:
             self.holding = True
 
     def let_go(self):
-        """The request did not come (Celery dropped it): its process goes back to the pool. If
-        Celery cleared its semaphore meanwhile, that release is one too many: one message more than
-        there are free processes goes to the pool, where it waits for one."""
+        """The request did not come within HOLD_LIMIT, or comes again (Celery dropped it): the
+        process held for it goes back to the pool, and so does one that frees for it later. A
+        process held for good would be a process less until the next lost broker connection, and
+        with all of them held, the worker would run nothing."""
         if _ahead.get(self.request_id) is self:
             del _ahead[self.request_id]
-            if self.holding:
-                self.holding = False
-                self.worker.semaphore.release()
+        self.wanted = False
+        if self.holding:
+            self.holding = False
+            self.worker.semaphore.release()
 
 
 # Processes asked for ahead, by the id of the request they are for.
 _ahead = {}
+
+
+class ForgetAsks(bootsteps.StartStopStep):
+    """A step of the worker's consumer. When the consumer stops (the broker connection is lost and
+    the consumer restarts, or the worker shuts down), Celery clears its semaphore: the requests
+    queued there, the processes held for them and their messages are forgotten. So are the asks
+    ahead: a process they held is free again without being let go."""
+
+    label = "timeouts: forget the asks ahead"
+
+    def stop(self, consumer):
+        for waiter in _ahead.values():
+            waiter.holding = waiter.wanted = False
+        _ahead.clear()
+
+    shutdown = stop
+
+
+@worker_init.connect(dispatch_uid="timeouts.on_time_first.steps")
+def _add_consumer_step(sender=None, **kwargs):
+    """Before the worker builds its consumer, which reads its steps once."""
+    sender.app.steps["consumer"].add(ForgetAsks)
 
 
 def _queue(worker, waiter):

@@ -50,6 +50,13 @@ class Worker:
     def one_process_frees(self):
         self.semaphore.release()
 
+    def lose_connection(self):
+        """What Celery does when the broker connection is lost: it clears its semaphore (the requests
+        queued there and the processes held for them are forgotten), then stops the consumer's
+        steps before it reconnects."""
+        self.semaphore.clear()
+        on_time_first.ForgetAsks(parent=None).stop(consumer=None)
+
 
 class Timer:
     """The worker's timer, fired by hand."""
@@ -139,7 +146,7 @@ def test_an_ask_nobody_answers_runs_out(monkeypatch):
     worker = Worker(processes=1)
     worker.offer("late 1")
     worker.offer("on time 1", eta=ETA)
-    worker.semaphore.clear()  # as Celery does with its queued requests when the broker connection is lost
+    worker.lose_connection()  # Celery drops its queued requests
     time.sleep(0.1)
     assert not on_time_first.should_give_way()
 
@@ -226,7 +233,7 @@ def test_a_message_delivered_again_after_celery_dropped_it_asks_afresh():
     worker.timer.fire(limit=1.0)
     assert on_time_first.should_give_way()
     worker.one_process_frees()  # held for the request
-    worker.semaphore.clear()  # the broker connection is lost: Celery drops its queued requests
+    worker.lose_connection()  # Celery drops its queued requests
     worker.handed.clear()
     worker.offer("late, taken again")  # the process that was held is free again
     worker.receive("on time", eta)  # the message comes again, with its ETA
@@ -241,3 +248,44 @@ def test_a_durable_task_call_asks_nothing_ahead():
     worker = busy_with_a_backlog()
     worker.receive("a call", soon(), name="orders.close")
     assert worker.timer.entries == [] and not on_time_first.should_give_way()
+
+
+def test_an_ask_left_from_before_a_lost_connection_holds_no_process_once_the_message_comes_again():
+    # The broker connection is lost while the worker holds a message for its ETA: Celery drops it
+    # and clears its semaphore, but the timer still asks ahead for it, late, once the worker is
+    # connected and busy again; then the broker delivers the message again.
+    worker = busy_with_a_backlog()
+    eta = soon()
+    worker.receive("on time", eta)
+    worker.lose_connection()  # then the worker reconnects
+    worker.handed.clear()
+    worker.offer("late, taken again")  # the worker is busy again
+    worker.timer.fire(limit=1.0)  # the ask left from before the loss
+    worker.receive("on time", eta)  # delivered again
+    worker.timer.fire(limit=1.0)
+    worker.one_process_frees()
+    worker.offer("on time", eta=eta)
+    worker.timer.fire(limit=on_time_first.HOLD_LIMIT)
+    worker.one_process_frees()
+    worker.offer("late, after")
+    assert worker.handed == ["late, taken again", "on time", "late, after"]
+
+
+def test_a_process_that_frees_for_an_ask_already_let_go_goes_to_the_next_request():
+    worker = busy_with_a_backlog()
+    worker.receive("dropped", soon())
+    worker.timer.fire(limit=1.0)  # asked ahead, while every process is busy
+    worker.timer.fire(limit=on_time_first.HOLD_LIMIT)  # the request did not come, and no process freed
+    worker.one_process_frees()
+    assert worker.handed == ["late 1", "late 2"]
+
+
+def test_an_ask_whose_eta_has_passed_asks_nothing():
+    worker = busy_with_a_backlog()
+    eta = datetime.now(UTC) + timedelta(milliseconds=50)
+    worker.receive("held up", eta)
+    time.sleep(0.1)  # the timer fires late
+    worker.timer.fire(limit=1.0)
+    assert not on_time_first.should_give_way()
+    worker.one_process_frees()
+    assert worker.handed == ["late 1", "late 2"]
