@@ -13,6 +13,7 @@ from weakref import WeakKeyDictionary
 
 from kombu import Exchange, Queue
 
+from . import reconnect_prefetch
 from .brokers import is_amqp
 from .celery_calls import cancel  # noqa: F401  (timeouts.celery.cancel(task_id))
 from .conf import get_settings
@@ -57,7 +58,9 @@ def setup(app, *, beat_queue: str | None = BEAT_QUEUE) -> None:
       of the host's own tasks; `None` keeps them on the default queue;
     - accept JSON (timeouts' messages are JSON whatever `task_serializer` says);
     - `worker_prefetch_multiplier = 1` if the host left Celery's default of 4;
-    - publisher confirms on RabbitMQ (`confirm_publish`) unless the host set them.
+    - publisher confirms on RabbitMQ (`confirm_publish`) unless the host set them;
+    - `worker_enable_prefetch_count_reduction = False` if the host left Celery's default
+      (reconnect_prefetch.py).
 
     `timeouts.run` and `timeouts.run_batch` carry their own `acks_late` and `reject_on_worker_lost`.
     """
@@ -82,6 +85,7 @@ def _apply(app, beat_queue):
         options = dict(conf.broker_transport_options or {})
         options.setdefault("confirm_publish", True)
         conf.broker_transport_options = options
+    reconnect_prefetch.apply(conf)
     _set_up[app] = beat_queue
 
 

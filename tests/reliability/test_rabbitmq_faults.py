@@ -39,8 +39,9 @@ SETTINGS = "tests.reliability.settings_calls"
 SPREAD = 40.0  # seconds over which the tasks are scheduled
 CRASH_SPREAD = 10.0  # seconds over which the tasks scheduled from the kill are
 CALLS_WINDOW = 60.0  # seconds over which the calls fall due: past the stop, into the kill
-# Prefork, as in most deployments. A `-P threads` worker can reconnect after the clean stop and then
-# consume nothing until the AMQP heartbeat closes that connection; prefork workers go on within seconds.
+# Prefork, as in most deployments. With Celery's prefetch reduction after a reconnect on, a `-P threads`
+# worker could reconnect after a restart of the node and then consume nothing; timeouts.celery.setup()
+# turns it off (timeouts/reconnect_prefetch.py).
 POOL = {"pool": "prefork", "concurrency": 4}
 
 
