@@ -73,6 +73,8 @@ def queues_with_priorities(broker):  # noqa: F811
 
     cached = ("queues", "default_queue", "router", "send_task_message")  # Celery's, built from task_queues
     previous = app.conf.task_queue_max_priority
+    # Celery writes x-max-priority into the configured queues' own arguments: put them back after.
+    arguments = [(queue, dict(queue.queue_arguments or {})) for queue in app.conf.task_queues or ()]
     app.conf.task_queue_max_priority = 1
     for name in cached:
         app.amqp.__dict__.pop(name, None)
@@ -80,6 +82,8 @@ def queues_with_priorities(broker):  # noqa: F811
         yield app
     finally:
         app.conf.task_queue_max_priority = previous
+        for queue, queue_arguments in arguments:
+            queue.queue_arguments = queue_arguments
         for name in cached:
             app.amqp.__dict__.pop(name, None)
 
