@@ -18,6 +18,9 @@ Giving way takes a handler's end, a statement and a publish, and on a busy machi
 longer than the few milliseconds between a request's ETA and its due time. So the worker asks
 `ASK_AHEAD` before the ETA, when the message is already in its hands (it came with its ETA), and
 holds the process freed for it until the ETA comes. Nothing is asked while a process is free.
+These asks, and the end of each hold, are timed by one entry of the worker's timer at a time
+(`_Timed`), however many messages wait: the worker's event loop makes at most ten timer calls a
+turn, and a burst's messages, all due at one instant, would otherwise hold back their own ETAs.
 
 Asks carry a deadline: Celery may drop its queued requests (when the broker connection is lost,
 for one), and an ask that nobody answers must not make a batch give way long after. A process held
@@ -25,6 +28,8 @@ for a request that does not come goes back to the pool as well. Other pools (thr
 nothing, and nothing here applies to them.
 """
 
+import heapq
+import itertools
 import multiprocessing
 import time
 from collections import deque
@@ -51,6 +56,8 @@ HOLD_LIMIT = 0.5
 # worker's main process before its pool forks, so that every pool process shares them.
 _asks = None
 ASKED, UNTIL = 0, 1
+# The asks ahead and the ends of holds still to come, in the worker's main process (_Timed).
+_timed = None
 
 
 @worker_init.connect(dispatch_uid="timeouts.on_time_first")
@@ -58,10 +65,11 @@ def _install(sender=None, **kwargs):
     """Before the worker builds its pool: the asks then exist before the pool's processes are
     forked, and the worker takes our `_process_task_sem` when it picks its way of handing requests
     to the pool (celery.worker.components.Pool.create)."""
-    global _asks
+    global _asks, _timed
     worker = sender
     if _asks is None:
         _asks = multiprocessing.Array("d", 2)
+    _timed = _Timed()
     worker._process_task_sem = lambda request: _acquire(worker, request)
 
 
@@ -127,7 +135,7 @@ def _received(sender=None, request=None, **kwargs):
     eta = request.eta.timestamp()
     until_ask = eta - ASK_AHEAD - time.time()
     if until_ask > 0:
-        consumer.timer.call_after(until_ask, _ask_ahead, (worker, consumer.timer, request.id, eta))
+        _timed.call_after(consumer.timer, until_ask, _ask_ahead, (worker, consumer.timer, request.id, eta))
     elif eta > time.time():
         _ask_ahead(worker, consumer.timer, request.id, eta)
 
@@ -143,7 +151,7 @@ def _ask_ahead(worker, timer, request_id, eta):
     waiter = _Waiter(worker, eta, request_id=request_id)
     _ahead[request_id] = waiter
     _queue(worker, waiter)
-    timer.call_after(HOLD_LIMIT, waiter.let_go)
+    _timed.call_after(timer, HOLD_LIMIT, waiter.let_go)
 
 
 def _acquire(worker, request):
@@ -225,6 +233,48 @@ class ForgetAsks(bootsteps.StartStopStep):
 def _add_consumer_step(sender=None, **kwargs):
     """Before the worker builds its consumer, which reads its steps once."""
     sender.app.steps["consumer"].add(ForgetAsks)
+
+
+class _Timed:
+    """Calls to make later in the worker's main process, all made from one entry of the worker's
+    timer, set for the earliest. The worker's event loop makes at most ten timer calls a turn, then
+    waits on its sockets and pipes, up to a second while more calls are due. An ask that finds a
+    process free, or the end of a hold whose request came, does nothing that wakes it: with an
+    entry for each message, a burst's (all due at one instant) would take a turn for every ten of
+    them, while the burst's own ETAs, due just after, waited behind them."""
+
+    def __init__(self, clock=time.monotonic):
+        self._clock = clock  # the worker's timer's clock
+        self._calls = []  # a heap of (when, order, function, args)
+        self._order = itertools.count()  # calls due at one instant are made in the order they came
+        self._entry, self._entry_at = None, None
+
+    def call_after(self, timer, seconds, function, args=()):
+        heapq.heappush(self._calls, (self._clock() + seconds, next(self._order), function, args))
+        self._set(timer)
+
+    def _set(self, timer):
+        """Have an entry of `timer` set for the earliest call, and only one."""
+        if not self._calls:
+            return
+        when = self._calls[0][0]
+        if self._entry is not None and not self._entry.canceled:
+            if self._entry_at <= when:
+                return
+            self._entry.cancel()
+        self._entry = timer.call_after(max(0.0, when - self._clock()), self._due, (timer,))
+        self._entry_at = when
+
+    def _due(self, timer):
+        """The entry's time came: make every call due by now, then set the entry for the next."""
+        self._entry = None
+        now = self._clock()
+        try:
+            while self._calls and self._calls[0][0] <= now:
+                _, _, function, args = heapq.heappop(self._calls)
+                function(*args)
+        finally:
+            self._set(timer)
 
 
 def _queue(worker, waiter):

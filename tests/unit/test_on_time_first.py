@@ -8,7 +8,9 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
+from kombu.asynchronous import Hub
 from kombu.asynchronous.semaphore import LaxBoundedSemaphore
+from kombu.asynchronous.timer import Timer as WorkersTimer
 
 from timeouts import on_time_first
 from timeouts.publishing import RUN, RUN_BATCH
@@ -28,12 +30,14 @@ def no_asks_standing():
 class Worker:
     """What Celery's WorkController gives the step: its semaphore, and the pool's intake."""
 
-    def __init__(self, processes):
+    def __init__(self, processes, timer=None):
         self.semaphore = LaxBoundedSemaphore(processes)
-        self.timer = Timer()
+        self.timer = Timer() if timer is None else timer
         self._quick_acquire = self.semaphore.acquire
         self.handed = []
         on_time_first._install(sender=self)
+        if isinstance(self.timer, Timer):
+            on_time_first._timed = on_time_first._Timed(clock=self.timer.now)
 
     def _process_task(self, request):
         self.handed.append(request.label)
@@ -59,20 +63,34 @@ class Worker:
 
 
 class Timer:
-    """The worker's timer, fired by hand."""
+    """The worker's timer, on a clock of its own that moves on only when told to."""
 
     def __init__(self):
-        self.entries = []
+        self.clock = 0.0
+        self._entries = []
+
+    @property
+    def entries(self):
+        return [entry for entry in self._entries if not entry.canceled]
+
+    def now(self):
+        return self.clock
 
     def call_after(self, seconds, function, args=()):
-        self.entries.append((seconds, function, args))
+        entry = SimpleNamespace(at=self.clock + seconds, function=function, args=args, canceled=False)
+        entry.cancel = lambda: setattr(entry, "canceled", True)
+        self._entries.append(entry)
+        return entry
 
     def fire(self, limit):
-        """Fire the entries due within `limit` seconds of when they were set."""
-        due = [entry for entry in self.entries if entry[0] <= limit]
-        self.entries = [entry for entry in self.entries if entry[0] > limit]
-        for _, function, args in due:
-            function(*args)
+        """`limit` seconds pass: fire the entries due meanwhile, in their order (those set on the way too)."""
+        until = self.clock + limit
+        while due := sorted((entry for entry in self.entries if entry.at <= until), key=lambda entry: entry.at):
+            entry = due[0]
+            self._entries.remove(entry)
+            self.clock = max(self.clock, entry.at)
+            entry.function(*entry.args)
+        self.clock = until
 
 
 def request(label, name, eta):
@@ -289,3 +307,58 @@ def test_an_ask_whose_eta_has_passed_asks_nothing():
     assert not on_time_first.should_give_way()
     worker.one_process_frees()
     assert worker.handed == ["late 1", "late 2"]
+
+
+def test_a_message_due_sooner_than_one_that_came_before_it_is_asked_for_at_its_own_time():
+    worker = Worker(processes=2)
+    worker.offer("late 1")
+    worker.offer("late 2")
+    worker.receive("on time, due later", soon(seconds=2.0))
+    worker.receive("on time, due sooner", soon(seconds=1.0))
+    assert len(worker.timer.entries) == 1  # the worker's timer holds one entry for both asks
+    worker.timer.fire(limit=1.0)
+    assert on_time_first.should_give_way() and not on_time_first.should_give_way()
+    worker.timer.fire(limit=1.0)
+    assert on_time_first.should_give_way()
+
+
+@pytest.fixture
+def event_loop():
+    """The event loop of a worker's main process, with its timer, turned by hand."""
+    hub = Hub(WorkersTimer())
+    yield hub
+    hub.close()
+
+
+def receive_a_burst(worker, count):
+    """`count` messages due at one instant arrive, and the time to ask for processes for them comes."""
+    eta = soon(seconds=0.05)
+    for index in range(count):
+        worker.receive(f"burst {index}", eta)
+    deadline = time.monotonic() + 5
+    while time.time() < eta.timestamp() - on_time_first.ASK_AHEAD and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def due_entries(timer):
+    return [entry for at, _, entry in timer.queue if at <= time.monotonic() and not entry.canceled]
+
+
+def test_a_burst_due_at_one_instant_leaves_nothing_due_after_one_turn_of_the_event_loop(event_loop):
+    """The loop fires ten entries of its timer a turn, then waits on its file descriptors, up to a
+    second when more entries are due. Asks that find a process free wake nothing, so a burst's asks
+    must not take a turn for every ten of its messages: its own ETAs would wait behind them."""
+    worker = Worker(processes=2, timer=event_loop.timer)
+    receive_a_burst(worker, 50)
+    event_loop.fire_timers()
+    assert due_entries(event_loop.timer) == []
+    assert not on_time_first.should_give_way()  # a process is free: nothing is asked
+
+
+def test_a_busy_worker_asks_for_every_message_of_a_burst_in_one_turn_of_the_event_loop(event_loop):
+    worker = Worker(processes=2, timer=event_loop.timer)
+    worker.offer("late 1")
+    worker.offer("late 2")
+    receive_a_burst(worker, 50)
+    event_loop.fire_timers()
+    assert sum(on_time_first.should_give_way() for _ in range(60)) == 50
