@@ -248,10 +248,12 @@ class _Timed:
         self._calls = []  # a heap of (when, order, function, args)
         self._order = itertools.count()  # calls due at one instant are made in the order they came
         self._entry, self._entry_at = None, None
+        self._making = False  # calls are being made: the entry is set once they are
 
     def call_after(self, timer, seconds, function, args=()):
         heapq.heappush(self._calls, (self._clock() + seconds, next(self._order), function, args))
-        self._set(timer)
+        if not self._making:
+            self._set(timer)
 
     def _set(self, timer):
         """Have an entry of `timer` set for the earliest call, and only one."""
@@ -267,13 +269,14 @@ class _Timed:
 
     def _due(self, timer):
         """The entry's time came: make every call due by now, then set the entry for the next."""
-        self._entry = None
+        self._entry, self._making = None, True
         now = self._clock()
         try:
             while self._calls and self._calls[0][0] <= now:
                 _, _, function, args = heapq.heappop(self._calls)
                 function(*args)
         finally:
+            self._making = False
             self._set(timer)
 
 

@@ -362,3 +362,4 @@ def test_a_busy_worker_asks_for_every_message_of_a_burst_in_one_turn_of_the_even
     receive_a_burst(worker, 50)
     event_loop.fire_timers()
     assert sum(on_time_first.should_give_way() for _ in range(60)) == 50
+    assert due_entries(event_loop.timer) == []  # what comes next (the ends of the holds) is not due yet
