@@ -121,7 +121,7 @@ def fill(connection, rows, *, now=None, rebuild_indexes=True, log=_say) -> dict:
     (creating the missing ones). With `rebuild_indexes`, the secondary indexes and the primary key
     are dropped for the load and built again after it. Returns timings (seconds) of the load, the
     index builds and VACUUM ANALYZE."""
-    from timeouts import partition_ddl, partitions
+    from timeouts.storage import partition_ddl, partitions
 
     now = now or datetime.now(UTC)
     today = partitions.bucket_start(now, "day")

@@ -22,7 +22,7 @@ import sys
 import time
 from datetime import datetime
 
-from timeouts.celery_calls import biz_type_for
+from timeouts.durable.calls import biz_type_for
 
 from . import stats
 from .database import BenchError, reset

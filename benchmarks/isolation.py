@@ -157,7 +157,7 @@ def max_in_window(times, width) -> int:
 def claim_sql_before(root, repo=None, commit=None) -> tuple[str, str]:
     """(commit, claim_due) of `commit`, or of the newest commit of the git repository `repo`
     (default: root) whose claim_due differs from root's."""
-    from timeouts.queries import parse
+    from timeouts.store.queries import parse
 
     path = "timeouts/sql/queries.sql"
     current = parse((root / path).read_text())["claim_due"]
@@ -180,8 +180,8 @@ def claim_sql_before(root, repo=None, commit=None) -> tuple[str, str]:
 
 def _cost(ctx, rep) -> dict:
     from timeouts.conf import get_settings, notify_params
-    from timeouts.queries import parse
     from timeouts.states import substitute
+    from timeouts.store.queries import parse
 
     cfg = ctx.cfg
     reset(ctx.conn)

@@ -1,4 +1,4 @@
-"""The beat-equivalent safety scan as a process of its own: `timeouts.scan.scan()` every INTERVAL s.
+"""The beat-equivalent safety scan as a process of its own: `timeouts.dispatch.scan.scan()` every INTERVAL s.
 
     python -m benchmarks.scan_loop --interval 5
 
@@ -25,7 +25,7 @@ def main(argv=None):
     django.setup()
     from django.db import close_old_connections
 
-    from timeouts.scan import scan
+    from timeouts.dispatch.scan import scan
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

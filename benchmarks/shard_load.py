@@ -19,8 +19,8 @@ from datetime import timedelta
 import psycopg
 from django.db import DatabaseError
 
-from timeouts import shards
 from timeouts.states import Status
+from timeouts.storage import shards
 
 from . import stats
 from .database import BenchError

@@ -195,7 +195,7 @@ class ShardSet:
 
     def listening(self, k) -> bool:
         """Whether a dispatcher listens on each of the first k shards."""
-        from timeouts.listener import APPLICATION_NAME
+        from timeouts.dispatch.listener import APPLICATION_NAME
 
         query = ("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
                  "AND datname = current_database()")

@@ -28,7 +28,7 @@ import psycopg
 from django.db import connections
 
 from timeouts.conf import get_settings
-from timeouts.scheduling import COPY_COLUMNS
+from timeouts.store.scheduling import COPY_COLUMNS
 
 from .database import reset
 from .handlers import NOOP

@@ -22,7 +22,7 @@ from django.db import connection
 
 from timeouts.conf import notify_params
 from timeouts.models import TimeoutTask
-from timeouts.queries import fetch_one
+from timeouts.store.queries import fetch_one
 
 Status = TimeoutTask.Status
 STARTED = (Status.RUNNING, Status.DONE, Status.DEAD)

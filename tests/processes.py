@@ -105,7 +105,7 @@ def scanning(interval):
     only faster), until the block ends."""
     from django.db import connections
 
-    from timeouts.scan import scan
+    from timeouts.dispatch.scan import scan
 
     stop = threading.Event()
 

@@ -9,7 +9,8 @@ from django.db import connections
 
 from tests.isolation import forget_limits
 from tests.processes import free_port
-from timeouts import own_connection, shards
+from timeouts.storage import shards
+from timeouts.store import worker_connection
 
 ALIASES = ["default", "shard_b", "shard_c"]
 
@@ -43,9 +44,9 @@ class unreachable:
         connection.close()
         self.port = connection.settings_dict["PORT"]
         connection.settings_dict["PORT"] = free_port()
-        own_connection.close()
+        worker_connection.close()
 
     def __exit__(self, *exc):
         connections[self.alias].close()
         connections[self.alias].settings_dict["PORT"] = self.port
-        own_connection.close()
+        worker_connection.close()

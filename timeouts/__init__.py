@@ -2,7 +2,7 @@
 
 __version__ = "0.1.0"
 
-from .errors import (
+from timeouts.errors import (
     InvalidAttribute,
     InvalidBizId,
     InvalidBizType,
@@ -13,8 +13,8 @@ from .errors import (
     TimeoutsError,
     UnknownBizType,
 )
-from .isolation import Limits, limits, pause, reset_limits, resume, set_limits
-from .registry import handler
+from timeouts.limiting.controls import Limits, limits, pause, reset_limits, resume, set_limits
+from timeouts.registry import handler
 
 __all__ = [
     "handler", "schedule", "bulk_schedule", "cancel",
@@ -28,7 +28,7 @@ __all__ = [
 def schedule(biz_type, biz_id, **kwargs):
     """`TimeoutTask.objects.schedule()`: the handler of `biz_type` runs for `biz_id` at `at=` (an
     aware datetime) or after `delay=` (a timedelta or seconds); returns the task."""
-    from .models import TimeoutTask
+    from timeouts.models import TimeoutTask
 
     return TimeoutTask.objects.schedule(biz_type, biz_id, **kwargs)
 
@@ -36,7 +36,7 @@ def schedule(biz_type, biz_id, **kwargs):
 def bulk_schedule(items):
     """`TimeoutTask.objects.bulk_schedule()`: many tasks in one transaction, from dicts with
     schedule()'s keys; returns how many."""
-    from .models import TimeoutTask
+    from timeouts.models import TimeoutTask
 
     return TimeoutTask.objects.bulk_schedule(items)
 
@@ -44,6 +44,6 @@ def bulk_schedule(items):
 def cancel(biz_type, biz_id):
     """`TimeoutTask.objects.cancel()`: cancels every task of (biz_type, biz_id) that has not started;
     returns how many. Their handlers never run. A biz_type with no handler raises UnknownBizType."""
-    from .models import TimeoutTask
+    from timeouts.models import TimeoutTask
 
     return TimeoutTask.objects.cancel(biz_type, biz_id)

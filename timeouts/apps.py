@@ -12,11 +12,13 @@ class TimeoutsConfig(AppConfig):
         # scanner and dispatcher (routing to queues) and workers (running them).
         autodiscover_modules("timeouts_handlers")
         # And the queues of Django's tasks framework that timeouts.backends.TimeoutsBackend serves.
-        from .tasks_queues import register_from_settings
+        from timeouts.backends.queues import register_from_settings
 
         register_from_settings()
         # Imported for what importing does: the system checks register themselves, the Celery tasks
         # join the host's app, the dispatcher thread starts in workers when DISPATCHER_IN_WORKER is on,
         # workers hand tasks claimed on time to their pool first, and a pool process Celery kills
         # cannot leave its worker's main process stuck.
-        from . import checks, on_time_first, pool_process_exit, tasks, worker_dispatcher  # noqa: F401
+        from timeouts import checks, tasks  # noqa: F401
+        from timeouts.dispatch import in_worker  # noqa: F401
+        from timeouts.worker import pool_process_exit, priority  # noqa: F401

@@ -13,11 +13,11 @@ from weakref import WeakKeyDictionary
 
 from kombu import Exchange, Queue
 
-from . import reconnect_prefetch
-from .brokers import is_amqp
-from .celery_calls import cancel  # noqa: F401  (timeouts.celery.cancel(task_id))
-from .conf import get_settings
-from .durable import DurableTask  # noqa: F401  (timeouts.celery.DurableTask)
+from timeouts.conf import get_settings
+from timeouts.dispatch.brokers import is_amqp
+from timeouts.durable.calls import cancel  # noqa: F401  (timeouts.celery.cancel(task_id))
+from timeouts.durable.task import DurableTask  # noqa: F401  (timeouts.celery.DurableTask)
+from timeouts.worker import reconnect_prefetch
 
 MAINTAIN_INTERVAL = 60.0  # seconds; partitions are created days ahead, leases are also recovered by scans
 BEAT_TASKS = ("timeouts.scan", "timeouts.maintain")

@@ -24,16 +24,16 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, router
 
-from . import conf, registry
-from .brokers import is_amqp
-from .celery import BEAT_QUEUE, BEAT_TASKS, is_set_up
+from timeouts import conf, registry
+from timeouts.celery import BEAT_QUEUE, BEAT_TASKS, is_set_up
+from timeouts.dispatch.brokers import is_amqp
 
 PARTITION_SECONDS = {"hour": 3600, "day": 86400, "week": 7 * 86400, "month": 28 * 86400}  # month: its shortest
 
 
 @register()
 def check_database(app_configs=None, **kwargs):
-    from .models import TimeoutTask
+    from timeouts.models import TimeoutTask
 
     problems = []
     for alias in connections:
@@ -166,8 +166,8 @@ def _unapplied_migrations(alias) -> list[str]:
 
 
 def _has_partition_for_now(alias) -> bool:
-    from .partitions import list_partitions
-    from .queries import fetch_one
+    from timeouts.storage.partitions import list_partitions
+    from timeouts.store.queries import fetch_one
 
     connection = connections[alias]
     now = fetch_one("database_now", using=connection)["now"]
@@ -258,7 +258,7 @@ def _check_connection_reuse(app):
     CELERY_DB_REUSE_MAX is set (since Celery 5.6 whatever CONN_MAX_AGE says). Timeouts' own
     statements do not care (a worker runs them on a connection of its own: own_connection.py), but a
     handler's ORM queries then open a new PostgreSQL connection for every task."""
-    from .models import TimeoutTask
+    from timeouts.models import TimeoutTask
 
     causes = [] if app.conf.get("CELERY_DB_REUSE_MAX") else ["CELERY_DB_REUSE_MAX is unset"]  # the fixup's lookup
     causes += [f"CONN_MAX_AGE is 0 for the database {alias!r}" for alias in connections

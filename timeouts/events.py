@@ -27,8 +27,8 @@ from functools import partial
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.dispatch import Signal
 
-from . import metrics
-from .states import Status
+from timeouts import metrics
+from timeouts.states import Status
 
 logger = logging.getLogger(__name__)
 

@@ -47,7 +47,9 @@ from dataclasses import dataclass, replace
 from django.db import DatabaseError
 from django.http import HttpResponse
 
-from . import operations, shards, stats
+from timeouts import stats
+from timeouts.storage import shards
+from timeouts.store import clock
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +123,7 @@ def _read(alias) -> _ShardGauges:
         pending=stats.pending(using=alias).value, overdue=stats.overdue(using=alias).value,
         oldest_overdue_age=max(oldest["age"].total_seconds(), 0.0) if oldest else 0.0,
         default_rows=stats.default_rows(using=alias).value,
-        biz_types=stats.biz_types(operations.database_now(alias), using=alias))
+        biz_types=stats.biz_types(clock.database_now(alias), using=alias))
 
 
 def _total(read) -> _ShardGauges:

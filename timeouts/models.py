@@ -8,8 +8,8 @@ Django sees `job_id` as the primary key, which is unique on its own, across shar
 from django.db import connection, models
 from django.db.models.functions import Now
 
-from . import scheduling, transitions
-from .states import Status
+from timeouts.states import Status
+from timeouts.store import scheduling, transitions
 
 
 class TimeoutTaskQuerySet(models.QuerySet):
@@ -76,7 +76,7 @@ class TimeoutTask(models.Model):
         permissions = [
             ("cancel_timeouttask", "Can cancel timeout tasks and run them now"),
             ("requeue_timeouttask", "Can requeue dead or cancelled timeout tasks"),
-            # Of a biz_type rather than of a task (timeouts.isolation): pause(), resume(), set_limits().
+            # Of a biz_type rather than of a task (timeouts.limiting.controls): pause(), resume(), set_limits().
             ("change_limits", "Can pause, resume and change the limits of a biz type"),
         ]
 

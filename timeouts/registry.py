@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
 
-from .errors import InvalidBizType, UnknownBizType
-from .validation import check_concurrency, check_rate_limit, describe
+from timeouts.errors import InvalidBizType, UnknownBizType
+from timeouts.validation import check_concurrency, check_rate_limit, describe
 
 BIZ_TYPE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 # The biz_types of the Celery calls DurableTask stores (celery_calls.py): no handler's.
@@ -26,7 +26,7 @@ class Handler:
     queue: str | None = None
     max_attempts: int | None = None  # None: the DEFAULT_MAX_ATTEMPTS setting
     ttr: int | None = None  # None: the DEFAULT_TTR setting
-    rate_limit: float | None = None  # handler starts per second, deployment-wide (timeouts.isolation)
+    rate_limit: float | None = None  # handler starts per second, deployment-wide (timeouts.limiting.controls)
     concurrency: int | None = None  # tasks running at once, deployment-wide
 
     def __call__(self, task):
@@ -64,7 +64,7 @@ def handler(biz_type, *, queue=None, max_attempts=None, ttr=None, rate_limit=Non
     retries it with backoff, and after `max_attempts` attempts it becomes DEAD.
 
     `rate_limit` (starts per second) and `concurrency` (tasks running at once) limit this biz_type
-    across the whole deployment (timeouts.isolation); `timeouts.set_limits()` overrides them at run time.
+    across the whole deployment (timeouts.limiting.controls); `timeouts.set_limits()` overrides them at run time.
 
     The function may be an `async def`: the worker awaits it to its end, as Django runs an async task.
 

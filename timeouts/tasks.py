@@ -8,9 +8,11 @@ from datetime import UTC, datetime
 from celery import shared_task
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 
-from . import batches, on_time_first, own_connection, partitions, recovery, running, shards
-from . import scan as scanning
-from .publishing import BACKLOG_AFTER, RUN, RUN_BATCH
+from timeouts.dispatch import scan as scanning
+from timeouts.dispatch.publishing import BACKLOG_AFTER, RUN, RUN_BATCH
+from timeouts.storage import partitions, shards
+from timeouts.store import recovery, worker_connection
+from timeouts.worker import batches, priority, running
 
 logger = logging.getLogger(__name__)
 
@@ -18,7 +20,7 @@ logger = logging.getLogger(__name__)
 # Celery keep connections (CELERY_DB_REUSE_MAX), a connection that broke or outlived CONN_MAX_AGE is
 # replaced here rather than failing the task. Without reuse, Celery has closed them already.
 # The tasks that start handlers run timeouts' statements on the worker's own connection
-# (own_connection.py) and leave Django's to the handlers (see _for_the_message).
+# (worker_connection.py) and leave Django's to the handlers (see _for_the_message).
 
 
 @contextmanager
@@ -32,7 +34,7 @@ def _for_the_message(request, shard):
         # Eager (task_always_eager) or called as a function: in the caller's process, perhaps inside
         # its transaction, which timeouts' statements must then join.
         in_the_callers_process = request.is_eager or request.called_directly
-        with own_connection.shared(shard) if in_the_callers_process else own_connection.used(shard):
+        with worker_connection.shared(shard) if in_the_callers_process else worker_connection.used(shard):
             yield
     finally:
         for connection in connections.all(initialized_only=True):
@@ -60,7 +62,7 @@ def run(self, job_id, action_time, attempt, partition, shard=DEFAULT_DB_ALIAS):
 # their compare-and-set, the others run. A backlog's batch gives way to tasks claimed on time.
 @shared_task(name=RUN_BATCH, bind=True, ignore_result=True, acks_late=True, reject_on_worker_lost=True)
 def run_batch(self, items, shard=DEFAULT_DB_ALIAS):
-    give_way = on_time_first.GiveWay(self, shard) if _in_backlog(self.request, items) else None
+    give_way = priority.GiveWay(self, shard) if _in_backlog(self.request, items) else None
     with _for_the_message(self.request, shard):
         return batches.run_batch(items, give_way, shard)
 
@@ -80,7 +82,7 @@ def maintain():
     for alias in shards.aliases():  # a shard that fails fails the task, after every shard's turn
         try:
             summaries[alias] = partitions.maintain(alias).summary()
-            with own_connection.shared(alias):
+            with worker_connection.shared(alias):
                 recovery.recover_expired()
         except Exception as exc:
             logger.exception("timeouts: the maintenance of shard %r failed", alias)

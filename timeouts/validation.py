@@ -9,7 +9,7 @@ import math
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from .errors import InvalidAttribute, InvalidBizId, InvalidOption, InvalidTime
+from timeouts.errors import InvalidAttribute, InvalidBizId, InvalidOption, InvalidTime
 
 MAX_BIZ_ID_LENGTH = 255
 MAX_ATTRIBUTE_DEPTH = 64

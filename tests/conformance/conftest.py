@@ -18,7 +18,7 @@ from tests.conformance.kinds import KINDS
 from tests.isolation import forget_limits
 from tests.shards import ALIASES
 from tests.testapp import conformance
-from timeouts import dispatcher as dispatching
+from timeouts.dispatch import dispatcher as dispatching
 
 PLACEMENTS = {"one database": ["default"], "three shards": ALIASES}
 BROKERS = ("redis", "rabbitmq")

@@ -14,10 +14,10 @@ import timeouts.backends
 import timeouts.celery
 from tests.shards import ALIASES
 from tests.testapp import conformance
-from timeouts import shards
 from timeouts.backends.results import parse_result_id
-from timeouts.celery_calls import biz_type_for
+from timeouts.durable.calls import biz_type_for
 from timeouts.models import TimeoutTask
+from timeouts.storage import shards
 
 
 class Handler:

@@ -27,10 +27,12 @@ from tests import processes
 from tests.conformance.kinds import rows_everywhere
 from tests.shards import ALIASES
 from tests.testapp import conformance
-from timeouts import ShardOutsideTransaction, own_connection, shards
-from timeouts.claiming import claim_due
+from timeouts import ShardOutsideTransaction
+from timeouts.dispatch.claiming import claim_due
+from timeouts.dispatch.publishing import publish
 from timeouts.models import TimeoutTask
-from timeouts.publishing import publish
+from timeouts.storage import shards
+from timeouts.store import worker_connection
 
 Status = TimeoutTask.Status
 FINAL = {Status.DONE, Status.CANCELLED, Status.DEAD}
@@ -105,7 +107,7 @@ def test_a_message_delivered_twice_runs_once(kinds, runs, placed):
     time.sleep(0.5)
     claimed = 0
     for alias in shards.aliases():
-        with own_connection.shared(alias):
+        with worker_connection.shared(alias):
             claims = claim_due(100)
             publish(claims)
             publish(claims)

@@ -10,10 +10,11 @@ from django.contrib.auth.models import Permission, User
 
 import timeouts
 from tests.factories import make_task
-from timeouts import operations, registry, stats
+from timeouts import registry, stats
 from timeouts.conf import notify_params
 from timeouts.models import TimeoutTask
-from timeouts.queries import fetch_one
+from timeouts.store import clock
+from timeouts.store.queries import fetch_one
 
 Status = TimeoutTask.Status
 URL = "/admin/timeouts/timeouttask/businesses/"
@@ -85,7 +86,7 @@ def test_overdue_counts_per_biz_type_exact_up_to_the_limit_then_estimated():
     TimeoutTask.objects.schedule("test.fail", "1", at=now() - timedelta(seconds=5))
     TimeoutTask.objects.schedule("test.fail", "2", delay=600)  # not due
     make_task(Status.CANCELLED, biz_type="test.fail", biz_id="3", at=now() - timedelta(minutes=1))
-    db_now = operations.database_now()
+    db_now = clock.database_now()
     assert stats.overdue_by_biz_type(["test.record", "test.fail", "test.slow"], db_now) == {
         "test.record": stats.Count(3, True), "test.fail": stats.Count(1, True), "test.slow": stats.Count(0, True)}
     capped = stats.overdue_by_biz_type(["test.record"], db_now, limit=2)["test.record"]
@@ -94,7 +95,7 @@ def test_overdue_counts_per_biz_type_exact_up_to_the_limit_then_estimated():
 
 def test_due_soon_counts_pending_tasks_by_bucket_and_marks_what_it_did_not_read():
     """By run_at: a retry waiting for its next attempt counts when that falls in the hour."""
-    db_now = operations.database_now()
+    db_now = clock.database_now()
     for minutes in (1, 2, 12, 59):
         TimeoutTask.objects.schedule("test.record", minutes, at=db_now + timedelta(minutes=minutes))
     make_task(Status.CANCELLED, biz_id="cancelled", at=db_now + timedelta(minutes=3))
@@ -113,7 +114,7 @@ def test_due_soon_counts_pending_tasks_by_bucket_and_marks_what_it_did_not_read(
 
 
 def test_recent_lateness_of_started_and_still_waiting_first_attempts():
-    db_now = operations.database_now()
+    db_now = clock.database_now()
     make_task(Status.DONE, biz_id="done", at=db_now - timedelta(minutes=2, seconds=30), started_after=0.5)
     make_task(Status.RUNNING, biz_id="running", at=db_now - timedelta(minutes=2, seconds=20), started_after=1.5)
     make_task(Status.CANCELLED, biz_id="cancelled", at=db_now - timedelta(minutes=2, seconds=10))
@@ -131,7 +132,7 @@ def test_recent_lateness_of_started_and_still_waiting_first_attempts():
 
 
 def test_the_page_shows_counts_and_charts(viewer):
-    db_now = operations.database_now()
+    db_now = clock.database_now()
     TimeoutTask.objects.schedule("test.record", "o", at=db_now - timedelta(minutes=1))
     TimeoutTask.objects.schedule("test.record", "s", at=db_now + timedelta(minutes=7))
     response = viewer.get(URL)

@@ -13,8 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import timeouts
 from tests.factories import make_task
-from timeouts import metrics, operations, registry, stats
+from timeouts import metrics, registry, stats
 from timeouts.models import TimeoutTask
+from timeouts.store import clock
 
 Status = TimeoutTask.Status
 
@@ -38,7 +39,7 @@ def limited():
 
 
 def test_biz_types_say_what_timeouts_limits_says(limited):
-    found = {b.name: b for b in stats.biz_types(operations.database_now())}
+    found = {b.name: b for b in stats.biz_types(clock.database_now())}
     for name in ("test.limited", "test.fail", "test.slow", "test.record"):
         in_force = timeouts.limits(name)
         assert (found[name].limits.rate_limit, found[name].limits.concurrency, found[name].limits.paused) == (

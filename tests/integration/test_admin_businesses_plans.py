@@ -15,9 +15,10 @@ from django.db import connection
 
 from benchmarks import admin_scenario
 from tests.integration.test_admin_plans import captured_sql, explain, nodes, partitioned_data, scans, sequential
-from timeouts import operations, stats
+from timeouts import stats
 from timeouts.models import TimeoutTask
-from timeouts.queries import QUERIES
+from timeouts.store import clock
+from timeouts.store.queries import QUERIES
 
 Status = TimeoutTask.Status
 
@@ -100,7 +101,7 @@ def rows_touched(plan):
 
 
 def params(name, biz_type="order.close", limit=SMALL):
-    now = operations.database_now()
+    now = clock.database_now()
     return {
         "waiting_biz_types": {"limit": stats.BIZ_TYPES_LIMIT},
         "running_by_biz_type": {"limit": limit},

@@ -15,8 +15,8 @@ from django.db import connection, reset_queries
 from django.test.utils import CaptureQueriesContext
 
 from benchmarks import admin_scenario
-from timeouts import partitions
 from timeouts.models import TimeoutTask
+from timeouts.storage import partitions
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(120)]

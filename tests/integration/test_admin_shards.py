@@ -13,10 +13,11 @@ from django.test.utils import CaptureQueriesContext
 
 import timeouts
 from tests.shards import ALIASES, three_shards, unreachable  # noqa: F401 (an autouse fixture)
-from timeouts import shards, stats
+from timeouts import stats
 from timeouts.admin import TimeoutTaskAdmin
 from timeouts.admin.paginator import EstimatedCountPaginator
 from timeouts.models import TimeoutTask
+from timeouts.storage import shards
 
 Status = TimeoutTask.Status
 URL = "/admin/timeouts/timeouttask/"

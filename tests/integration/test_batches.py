@@ -11,11 +11,15 @@ from django.test.utils import CaptureQueriesContext
 
 import timeouts
 from tests.broker_messages import message_etas, message_priorities, queued_messages, shown_arguments
-from timeouts import batches, faults, on_time_first, queries, registry, running
+from timeouts import registry
 from timeouts import tasks as timeouts_tasks
-from timeouts.claiming import claim_due
+from timeouts.dispatch.claiming import claim_due
+from timeouts.dispatch.publishing import ETA_HEADROOM, publish
 from timeouts.models import TimeoutTask
-from timeouts.publishing import ETA_HEADROOM, publish
+from timeouts.store import queries
+from timeouts.testing import faults
+from timeouts.worker import batches, running
+from timeouts.worker import priority as on_time_first
 
 Status = TimeoutTask.Status
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -10,9 +10,9 @@ import pytest
 from django.db import connection, transaction
 
 from tests.factories import cancel_all
-from timeouts import queries
-from timeouts.claiming import claim_due
+from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
+from timeouts.store import queries
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 BURST = 1000

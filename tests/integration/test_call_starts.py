@@ -11,12 +11,13 @@ from django.db import connection
 
 from tests.factories import make_task
 from tests.testapp import tasks
-from timeouts import own_connection, running
-from timeouts.call_starts import _Start, _starter
-from timeouts.durable import _run_fenced
+from timeouts.durable.starts import _Start, _starter
+from timeouts.durable.task import _run_fenced
 from timeouts.models import TimeoutTask
-from timeouts.queries import fetch_one
-from timeouts.recovery import recover_expired
+from timeouts.store import worker_connection
+from timeouts.store.queries import fetch_one
+from timeouts.store.recovery import recover_expired
+from timeouts.worker import running
 
 Status = TimeoutTask.Status
 
@@ -80,7 +81,7 @@ def test_a_call_whose_start_ahead_no_longer_holds_is_dropped_before_its_body():
         with pytest.raises(Ignore):
             _run_fenced(tasks.record, fence, lambda: ran.append(True), (), {})
     finally:
-        own_connection.close()
+        worker_connection.close()
     assert ran == []
     assert state(task) == (Status.PENDING, 1)
 
@@ -104,7 +105,7 @@ def consumer_stopping():
         try:
             _starter.give_back()
         finally:
-            own_connection.close()
+            worker_connection.close()
 
     thread = threading.Thread(target=stop, name="consumer-stopping")
     thread.start()

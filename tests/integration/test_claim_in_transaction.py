@@ -4,7 +4,7 @@ import pytest
 from django.db import transaction
 from django.db.transaction import TransactionManagementError
 
-from timeouts.claiming import claim_due
+from timeouts.dispatch.claiming import claim_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,9 +17,9 @@ import timeouts.celery
 from tests.durable_routers import FailingFirst, routed_by
 from tests.testapp import tasks
 from timeouts import InvalidAttribute, TimeoutsError
-from timeouts.celery_calls import FENCE_HEADER, PREFIX
+from timeouts.dispatch.scan import scan
+from timeouts.durable.calls import FENCE_HEADER, PREFIX
 from timeouts.models import TimeoutTask
-from timeouts.scan import scan
 
 Status = TimeoutTask.Status
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 
 from tests.isolation import no_limits  # noqa: F401  (a fixture)
-from timeouts.claiming import claim_due
+from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120), pytest.mark.usefixtures("no_limits")]

@@ -16,7 +16,7 @@ from django.db import connection, transaction
 
 import timeouts
 from tests.isolation import no_limits  # noqa: F401  (a fixture)
-from timeouts import queries
+from timeouts.store import queries
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300), pytest.mark.slow,
               pytest.mark.reliability, pytest.mark.usefixtures("no_limits")]

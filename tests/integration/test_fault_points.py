@@ -1,12 +1,12 @@
-"""The fault points inside the claim fire on either side of its commit (timeouts.faults on a real
+"""The fault points inside the claim fire on either side of its commit (timeouts.testing.faults on a real
 PostgreSQL)."""
 
 import pytest
 
-from timeouts import faults
-from timeouts.claiming import claim_due
-from timeouts.faults import FaultInjected, parse
+from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
+from timeouts.testing import faults
+from timeouts.testing.faults import FaultInjected, parse
 
 
 @pytest.mark.django_db(transaction=True)

@@ -9,7 +9,8 @@ from django.db import connection, transaction
 
 import timeouts
 from tests.isolation import no_limits  # noqa: F401  (a fixture)
-from timeouts import isolation, registry
+from timeouts import registry
+from timeouts.limiting import controls
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60), pytest.mark.usefixtures("no_limits")]
 
@@ -36,17 +37,17 @@ def test_a_handler_without_limits_has_none_in_force():
 
 def test_a_handlers_own_limits_are_in_force_before_and_after_they_are_declared(limited_handler):
     assert timeouts.limits(limited_handler) == timeouts.Limits(2.5, 3, False)
-    assert isolation.declare() >= 1
+    assert controls.declare() >= 1
     assert (limited_handler, 2.5, 3, False, None, None, False) in stored()
-    assert isolation.declare() == 0  # nothing changed: nothing written
+    assert controls.declare() == 0  # nothing changed: nothing written
     assert timeouts.limits(limited_handler) == timeouts.Limits(2.5, 3, False)
 
 
 def test_set_limits_overrides_the_handlers_own_until_reset(limited_handler):
-    isolation.declare()
+    controls.declare()
     timeouts.set_limits(limited_handler, rate_limit=10, concurrency=None)
     assert timeouts.limits(limited_handler) == timeouts.Limits(10.0, None, False)
-    isolation.declare()  # a deploy declaring the handler's values again changes nothing in force
+    controls.declare()  # a deploy declaring the handler's values again changes nothing in force
     assert timeouts.limits(limited_handler) == timeouts.Limits(10.0, None, False)
     timeouts.set_limits(limited_handler)  # no limit at all
     assert timeouts.limits(limited_handler) == timeouts.Limits(None, None, False)

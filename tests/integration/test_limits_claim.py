@@ -14,7 +14,7 @@ from django.db import connection, transaction
 
 import timeouts
 from tests.isolation import no_limits  # noqa: F401  (a fixture)
-from timeouts.claiming import claim_due
+from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120), pytest.mark.usefixtures("no_limits")]
@@ -104,12 +104,13 @@ def test_a_rate_below_one_per_second_claims_one_at_a_time():
 
 
 def test_the_handlers_own_limits_apply_once_declared():
-    from timeouts import isolation, registry
+    from timeouts import registry
+    from timeouts.limiting import controls
 
     timeouts.handler("test.declared", concurrency=2)(lambda task: None)
     try:
         backlog("test.declared", 10)
-        isolation.declare()
+        controls.declare()
         assert len(claim_due(100)) == 2
     finally:
         registry.unregister("test.declared")
@@ -239,7 +240,7 @@ EXTREME_ROWS = {
 def dispatcher_statements(shard_index, shard_count):
     """What a dispatcher of the shard `shard_index` of `shard_count` runs: its claim, then the
     deadline it sleeps until."""
-    from timeouts.queries import fetch_dicts, fetch_one
+    from timeouts.store.queries import fetch_dicts, fetch_one
 
     claimed = fetch_dicts("claim_due", {"limit": 100, "lead": 0.0, "max_dispatched": 10_000,
                                         "shard_index": shard_index, "shard_count": shard_count})

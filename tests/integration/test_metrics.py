@@ -11,10 +11,11 @@ from django.urls import path
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.factories import move_to
-from timeouts import events, metrics, running
-from timeouts.claiming import claim_due
+from timeouts import events, metrics
+from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
-from timeouts.recovery import recover_expired
+from timeouts.store.recovery import recover_expired
+from timeouts.worker import running
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]

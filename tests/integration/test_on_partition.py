@@ -10,9 +10,12 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from tests.testapp import tasks
-from timeouts import durable, own_connection, partition_ddl, queries, running
-from timeouts.claiming import claim_due
+from timeouts.dispatch.claiming import claim_due
+from timeouts.durable import task as durable
 from timeouts.models import TimeoutTask
+from timeouts.storage import partition_ddl
+from timeouts.store import queries, worker_connection
+from timeouts.worker import running
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
@@ -56,7 +59,7 @@ def test_a_stored_celery_calls_outcome_goes_straight_to_its_partition():
     [claim] = claim_due(10)
     assert claim.partition == partition_of(claim.job_id) != "timeouts_task"
     key = {"job_id": claim.job_id, "action_time": claim.action_time}
-    with own_connection.shared(claim.shard), CaptureQueriesContext(connection) as captured:
+    with worker_connection.shared(claim.shard), CaptureQueriesContext(connection) as captured:
         row = running.start(key, claim.attempt, partition=claim.partition)
         durable._end(row, claim.shard, key, claim.attempt, claim.partition, Status.DONE, "")
     assert updates_of(captured) == [claim.partition, claim.partition]  # the start, the outcome

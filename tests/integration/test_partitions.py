@@ -19,10 +19,10 @@ from django.db import connection
 from django.test import override_settings
 
 from tests.factories import move_to
-from timeouts import partition_ddl, partitions
-from timeouts.claiming import claim_due
+from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
-from timeouts.queries import QUERIES, fetch_dicts
+from timeouts.storage import partition_ddl, partitions
+from timeouts.store.queries import QUERIES, fetch_dicts
 
 pytestmark = pytest.mark.timeout(60)
 # DDL, locks and other connections: every database test commits for real.

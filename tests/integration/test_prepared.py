@@ -10,10 +10,10 @@ import pytest
 from django.db import connection, connections
 from psycopg.pq import Format
 
-from timeouts import running
-from timeouts.claiming import claim_due
+from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
-from timeouts.queries import QUERIES, on_partition
+from timeouts.store.queries import QUERIES, on_partition
+from timeouts.worker import running
 
 TIMESTAMPTZ = psycopg.postgres.types["timestamptz"].oid
 
@@ -75,8 +75,8 @@ def test_a_bare_psycopg_connection_runs_the_hot_path_queries_too():
     # The reliability scenarios' oracle schedules through one (its own transactions, its own server).
     import psycopg
 
-    from timeouts.queries import fetch_one
-    from timeouts.scheduling import prepare
+    from timeouts.store.queries import fetch_one
+    from timeouts.store.scheduling import prepare
 
     params = {key: value for key, value in connection.get_connection_params().items()
               if key not in ("cursor_factory", "context")}
@@ -86,7 +86,7 @@ def test_a_bare_psycopg_connection_runs_the_hot_path_queries_too():
 
 
 def kept_cursor(name):
-    from timeouts.queries import _KEPT
+    from timeouts.store.queries import _KEPT
 
     owner, cursors = _KEPT[connections["default"]]
     assert owner is connection.connection
@@ -119,8 +119,8 @@ def test_the_hot_path_keeps_djangos_query_log_hooks_and_errors():
     from django.db import DataError
     from django.test.utils import CaptureQueriesContext
 
-    from timeouts.queries import execute
-    from timeouts.scheduling import prepare
+    from timeouts.store.queries import execute
+    from timeouts.store.scheduling import prepare
 
     seen = []
     with CaptureQueriesContext(connection) as logged, connection.execute_wrapper(

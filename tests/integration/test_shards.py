@@ -17,13 +17,15 @@ from django.db import connections, transaction
 import timeouts
 import timeouts.celery
 from tests.shards import ALIASES, key_on, three_shards, unreachable  # noqa: F401 (an autouse fixture)
-from timeouts import checks, own_connection, shards, tasks
+from timeouts import checks, tasks
 from timeouts.backends import cancel as backend_cancel
-from timeouts.claiming import claim_due, release
+from timeouts.dispatch.claiming import claim_due, release
+from timeouts.dispatch.scan import scan
 from timeouts.errors import InvalidTime, ShardOutsideTransaction, TaskConflict
 from timeouts.models import TimeoutTask
-from timeouts.partitions import list_partitions
-from timeouts.scan import scan
+from timeouts.storage import shards
+from timeouts.storage.partitions import list_partitions
+from timeouts.store import worker_connection
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True, databases=ALIASES), pytest.mark.timeout(120)]
@@ -104,7 +106,7 @@ def test_bulk_schedule_puts_each_task_on_its_shard_or_stores_nothing():
 def test_a_claim_says_its_shard_and_its_message_runs_the_task_there(starts):
     due = {alias: timeouts.schedule("test.record", key_on(alias), delay=0) for alias in ALIASES}
     for alias, task in due.items():
-        with own_connection.shared(alias):
+        with worker_connection.shared(alias):
             [claim] = claim_due(10)
         assert (claim.job_id, claim.shard) == (task.job_id, alias)
         assert claim.message_kwargs() == ({} if alias == "default" else {"shard": alias})
@@ -117,7 +119,7 @@ def test_claims_go_back_on_their_own_shards_from_a_thread_without_a_connection_o
     made = {alias: timeouts.schedule("test.record", key_on(alias, "given-back"), delay=0) for alias in ALIASES}
     claims = []
     for alias in ALIASES:
-        with own_connection.shared(alias):
+        with worker_connection.shared(alias):
             claims += claim_due(10)
     assert sorted(claim.shard for claim in claims) == sorted(ALIASES)
     # As the dispatcher's publishing thread does when the broker fails.
@@ -223,7 +225,7 @@ def test_resharding_refuses_to_move_a_task_in_flight(settings):
     settings.TIMEOUTS = {**settings.TIMEOUTS, "SHARDS": ["default", "shard_b"]}
     biz_id = next(f"busy-{n}" for n in itertools.count() if shards.slot_of(f"busy-{n}") >= 683)
     task = timeouts.schedule("test.record", biz_id, delay=0)
-    with own_connection.shared("shard_b"):
+    with worker_connection.shared("shard_b"):
         assert [claim.job_id for claim in claim_due(10)] == [task.job_id]
     settings.TIMEOUTS = {**settings.TIMEOUTS, "SHARDS": ALIASES}
     with pytest.raises(CommandError, match="1 task.s. are DISPATCHED or RUNNING"):

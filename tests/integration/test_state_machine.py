@@ -8,11 +8,13 @@ import pytest
 from django.db import connection, transaction
 
 import timeouts
-from timeouts import operations, registry, running
-from timeouts.claiming import claim_due
+from timeouts import registry
+from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
-from timeouts.queries import fetch_one
-from timeouts.recovery import recover_expired
+from timeouts.store import clock
+from timeouts.store.queries import fetch_one
+from timeouts.store.recovery import recover_expired
+from timeouts.worker import running
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
@@ -172,7 +174,7 @@ def test_a_start_recorded_ahead_returns_at_run_at_by_the_database_clock():
     claim = claim_due(10, lead=1.0)[0]
     key = {"job_id": claim.job_id, "action_time": claim.action_time}
     started = running.start(key, claim.attempt, ahead=2.0)  # recorded at once: run_at is under 0.3 s away
-    assert started is not None and operations.database_now() >= started.run_at  # never before run_at
+    assert started is not None and clock.database_now() >= started.run_at  # never before run_at
     row = reload(task)
     assert (row.status, row.started_at) == (Status.RUNNING, row.run_at)  # recorded as starting at run_at
     assert row.modified_at < row.run_at  # ... before run_at
@@ -187,7 +189,7 @@ def test_a_start_is_not_recorded_further_ahead_than_allowed():
     # waited until run_at was within 50 ms, then recorded as starting at run_at
     assert started is not None and row.started_at == row.run_at
     assert row.run_at - timedelta(seconds=0.05) <= row.modified_at
-    assert operations.database_now() >= row.run_at
+    assert clock.database_now() >= row.run_at
 
 
 def test_rescheduled_message_is_dropped_not_waited_for(starts):

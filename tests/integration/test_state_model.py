@@ -30,13 +30,14 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from timeouts import TaskConflict, running
-from timeouts.claiming import claim_due
+from timeouts import TaskConflict
 from timeouts.conf import get_settings, notify_params
+from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
-from timeouts.queries import fetch_one
-from timeouts.recovery import recover_expired
 from timeouts.registry import get_handler
+from timeouts.store.queries import fetch_one
+from timeouts.store.recovery import recover_expired
+from timeouts.worker import running
 
 Status = TimeoutTask.Status
 PENDING, DISPATCHED, DONE, CANCELLED, RUNNING, DEAD = (

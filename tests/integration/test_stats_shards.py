@@ -17,8 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import timeouts
 from tests.shards import ALIASES, key_on, three_shards, unreachable  # noqa: F401 (an autouse fixture)
-from timeouts import metrics, shard_report
+from timeouts import metrics
 from timeouts.models import TimeoutTask
+from timeouts.stats import shard_totals
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True, databases=ALIASES), pytest.mark.timeout(60)]
@@ -79,7 +80,7 @@ def test_past_the_points_a_shard_sends_the_merged_percentiles_are_close(monkeypa
         for late in lateness:
             started(timeouts.schedule("test.record", key_on(alias, next(names)),
                                       at=datetime.now(UTC) - timedelta(minutes=2)), late / 100)
-    monkeypatch.setattr(shard_report, "LATENESS_POINTS", 21)  # quantiles every 5 tasks
+    monkeypatch.setattr(shard_totals, "LATENESS_POINTS", 21)  # quantiles every 5 tasks
     late = stats_json()["lateness"]
     assert late["started"] == 200 and not late["percentiles_exact"]
     assert late["p50"] == pytest.approx(1.005, abs=0.02) and late["p90"] == pytest.approx(1.801, abs=0.02)
@@ -178,11 +179,11 @@ def test_one_shard_has_no_shard_gauges(client, settings):
 
 def test_a_weighted_quantile_is_percentile_cont_over_the_repeated_values():
     values = [0.1, 0.2, 0.3, 10.0]
-    assert [shard_report.weighted_quantile([(v, 1) for v in values], q) for q in (0, 0.5, 0.9, 1)] == pytest.approx(
+    assert [shard_totals.weighted_quantile([(v, 1) for v in values], q) for q in (0, 0.5, 0.9, 1)] == pytest.approx(
         [0.1, 0.25, 7.09, 10.0])
     repeated = [(1.0, 3), (2.0, 3)]  # as 1, 1, 1, 2, 2, 2
-    assert [shard_report.weighted_quantile(repeated, q) for q in (0.2, 0.5, 0.8)] == pytest.approx([1.0, 1.5, 2.0])
-    assert shard_report.weighted_quantile([], 0.5) is None and shard_report.weighted_quantile([(4.0, 1)], 0.99) == 4.0
+    assert [shard_totals.weighted_quantile(repeated, q) for q in (0.2, 0.5, 0.8)] == pytest.approx([1.0, 1.5, 2.0])
+    assert shard_totals.weighted_quantile([], 0.5) is None and shard_totals.weighted_quantile([(4.0, 1)], 0.99) == 4.0
 
 
 # -- helpers -----------------------------------------------------------------------------------------

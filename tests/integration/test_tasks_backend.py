@@ -13,13 +13,14 @@ from django.db import connection, transaction
 from django.test import override_settings
 
 from tests.testapp import django_tasks as tasks
-from timeouts import partitions, running
 from timeouts.backends import Cancelled, InvalidTaskArguments, InvalidTaskOptions, LeaseExpired, cancel
 from timeouts.backends.compat import InvalidTask, TaskResultDoesNotExist, TaskResultStatus, task_backends
-from timeouts.claiming import claim_due
+from timeouts.dispatch.claiming import claim_due
 from timeouts.errors import TimeoutsError
 from timeouts.models import TimeoutTask
-from timeouts.recovery import recover_expired
+from timeouts.storage import partitions
+from timeouts.store.recovery import recover_expired
+from timeouts.worker import running
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 Status = TimeoutTask.Status
@@ -310,7 +311,7 @@ def test_get_result_reads_one_partition():
     job_id, micros = result.id.split("-")
     with connection.cursor() as cursor:
         from timeouts.backends.results import parse_result_id
-        from timeouts.queries import QUERIES
+        from timeouts.store.queries import QUERIES
 
         cursor.execute("EXPLAIN (FORMAT JSON) " + QUERIES["tasks_backend_result"], parse_result_id(result.id))
         plan = json.dumps(cursor.fetchone()[0])

@@ -85,7 +85,7 @@ def define_task():
     from celery import shared_task
 
     from timeouts.celery import DurableTask
-    from timeouts.celery_calls import FENCE_HEADER
+    from timeouts.durable.calls import FENCE_HEADER
 
     @shared_task(base=DurableTask, bind=True, name=TASK_NAME, ttr=TTR)
     def durable(self, n):

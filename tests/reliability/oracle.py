@@ -167,8 +167,8 @@ class Scheduler:
         A failure before COMMIT records the ids inserted so far as rolled back; a failure of COMMIT
         itself records them as unknown (check() decides by looking at the system's table). Either
         way the error is raised again."""
-        from timeouts.queries import fetch_one
-        from timeouts.scheduling import prepare
+        from timeouts.store.queries import fetch_one
+        from timeouts.store.scheduling import prepare
 
         jobs = []
         conn = self._connection()
@@ -197,7 +197,7 @@ class Scheduler:
     def cancel(self, job_id) -> bool:
         """task.cancel() for one job id: True only if the handler will never run. Recorded, also
         when it fails (result unknown, then the error is raised again)."""
-        from timeouts.queries import fetch_one
+        from timeouts.store.queries import fetch_one
 
         conn = self._connection()
         try:

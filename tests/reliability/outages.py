@@ -13,7 +13,7 @@
 
 The system's processes get application names through their DATABASE_URL (`app_url`), so the killer
 and pg_stat_activity tell a scan from a worker; the dispatcher's LISTEN session is always named
-timeouts.listener.APPLICATION_NAME.
+timeouts.dispatch.listener.APPLICATION_NAME.
 """
 
 import json
@@ -28,7 +28,7 @@ import psycopg
 
 from tests.broker_messages import queue_length
 from tests.processes import wait_for
-from timeouts.listener import APPLICATION_NAME as LISTENER_NAME
+from timeouts.dispatch.listener import APPLICATION_NAME as LISTENER_NAME
 
 from .clusters import REDIS_SERVER, ThrowawayRedis
 from .oracle import Oracle, Scheduler

@@ -4,7 +4,7 @@ Django on the system's database, the library's own public calls, results as JSON
     python -m tests.reliability.race_actors storm SPEC.json OUT.json      # cancel storm
     python -m tests.reliability.race_actors maintain SPEC.json OUT.json   # partition maintenance loop
 
-Every 40001 (serialization failure) that timeouts.retry retries in this process is counted: the
+Every 40001 (serialization failure) that timeouts.store.serialization retries in this process is counted: the
 wrapper below sees each failure retry_on_conflict() classifies (it looks the function up at call
 time).
 """
@@ -23,7 +23,7 @@ LOCK = threading.Lock()
 
 
 def count_serialization_failures():
-    from timeouts import retry
+    from timeouts.store import serialization as retry
 
     original = retry.is_serialization_failure
 
@@ -204,8 +204,8 @@ def maintain(spec) -> dict:
     drops it. Returns the DDL window (database clock) and what each round did."""
     from django.db import connection
 
-    from timeouts.partitions import maintain as run_maintenance
-    from timeouts.queries import fetch_one
+    from timeouts.storage.partitions import maintain as run_maintenance
+    from timeouts.store.queries import fetch_one
 
     rounds = []
     started = time.monotonic()

@@ -50,7 +50,7 @@ def insert_tasks(sut_dsn, oracle, biz_type, biz_ids, due_times) -> list[tuple[in
     a batch sends, so the dispatchers wake for the earliest deadline. Fifty thousand rows take about
     a second this way, against a minute through insert_task one by one."""
     from timeouts.conf import notify_params
-    from timeouts.scheduling import prepare
+    from timeouts.store.scheduling import prepare
 
     template = prepare(biz_type, "template", delay=0)
     params = notify_params()

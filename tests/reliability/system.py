@@ -29,7 +29,7 @@ import psycopg
 
 from tests import processes
 from tests.broker_messages import queue_length
-from timeouts import faults as fault_points
+from timeouts.testing import faults as fault_points
 
 ROOT = processes.ROOT
 SETTINGS_MODULE = "tests.reliability.settings"

@@ -5,7 +5,7 @@ is lost, none starts early, and none runs twice unless its first run was in the 
 before its outcome was recorded (at least once: a worker that dies mid-run), so at most one per
 thread of the killed pool. An attempt may also count without a run: a pool process that died
 between its compare-and-set and the task's first line, or a call whose start the killed worker's
-main process had recorded ahead of its eta (timeouts.call_starts): such a call runs once its lease
+main process had recorded ahead of its eta (timeouts.durable.starts): such a call runs once its lease
 runs out, and it was due no later than START_AHEAD after the kill. Messages the killed worker had
 taken come back from Redis after a 10 s visibility timeout, stale by then: the compare-and-set
 drops them.
@@ -19,7 +19,7 @@ import time
 import pytest
 
 from tests.processes import wait_for
-from timeouts.call_starts import START_AHEAD
+from timeouts.durable.starts import START_AHEAD
 from timeouts.states import Status
 
 from .durable_calls import BIZ_TYPE, call_runs, check_calls, create_tables, spawn_storer, wait_stored

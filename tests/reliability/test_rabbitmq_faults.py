@@ -41,7 +41,7 @@ CRASH_SPREAD = 10.0  # seconds over which the tasks scheduled from the kill are
 CALLS_WINDOW = 60.0  # seconds over which the calls fall due: past the stop, into the kill
 # Prefork, as in most deployments. With Celery's prefetch reduction after a reconnect on, a `-P threads`
 # worker could reconnect after a restart of the node and then consume nothing; timeouts.celery.setup()
-# turns it off (timeouts/reconnect_prefetch.py).
+# turns it off (timeouts/worker/reconnect_prefetch.py).
 POOL = {"pool": "prefork", "concurrency": 4}
 
 

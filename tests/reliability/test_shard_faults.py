@@ -13,10 +13,10 @@ import pytest
 from django.test import override_settings
 
 from tests import processes
-from timeouts import shards
-from timeouts.listener import APPLICATION_NAME
-from timeouts.queries import fetch_one
-from timeouts.scheduling import prepare
+from timeouts.dispatch.listener import APPLICATION_NAME
+from timeouts.storage import shards
+from timeouts.store.queries import fetch_one
+from timeouts.store.scheduling import prepare
 
 from .clusters import ThrowawayPostgres, postgres_available
 

@@ -3,8 +3,8 @@ going DEAD exactly as a plain function's."""
 
 import pytest
 
+from timeouts.dispatch.scan import scan
 from timeouts.models import TimeoutTask
-from timeouts.scan import scan
 
 from .test_celery import scan_until
 

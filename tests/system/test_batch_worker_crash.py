@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests import processes
-from timeouts.claiming import claim_due
+from timeouts.dispatch.claiming import claim_due
+from timeouts.dispatch.publishing import publish
 from timeouts.models import TimeoutTask
-from timeouts.publishing import publish
 
 Status = TimeoutTask.Status
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -11,8 +11,8 @@ import pytest
 from django.db import connection, transaction
 
 from tests import processes
+from timeouts.dispatch.scan import scan
 from timeouts.models import TimeoutTask
-from timeouts.scan import scan
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

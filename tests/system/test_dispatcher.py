@@ -16,11 +16,11 @@ import pytest
 from django.db import connection, transaction
 
 from tests import processes
-from timeouts.dispatcher import Dispatcher
-from timeouts.listener import APPLICATION_NAME
+from timeouts.dispatch.dispatcher import Dispatcher
+from timeouts.dispatch.listener import APPLICATION_NAME
+from timeouts.dispatch.scan import scan
 from timeouts.models import TimeoutTask
-from timeouts.queries import QUERIES
-from timeouts.scan import scan
+from timeouts.store.queries import QUERIES
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -263,7 +263,7 @@ def test_inside_a_worker_the_dispatcher_is_one_thread_of_the_main_process(broker
     (tmp_path / "in_worker_settings.py").write_text(
         "from tests.settings import *  # noqa\n"
         "TIMEOUTS = {**TIMEOUTS, 'DISPATCHER_IN_WORKER': True}  # noqa\n"
-        "import timeouts.worker_dispatcher  # noqa\n"
+        "import timeouts.dispatch.in_worker  # noqa\n"
     )
     env = processes.django_env(DJANGO_SETTINGS_MODULE="in_worker_settings",
                                PYTHONPATH=f"{processes.ROOT}:{tmp_path}", TIMEOUTS_LOG_LEVEL="DEBUG")

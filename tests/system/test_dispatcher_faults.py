@@ -27,10 +27,10 @@ from tests.system.test_dispatcher import (
 )
 from tests.testapp.recorder import TABLE_SQL
 from timeouts.conf import get_settings
-from timeouts.listener import APPLICATION_NAME, Listener, connection_params
+from timeouts.dispatch.listener import APPLICATION_NAME, Listener, connection_params
 from timeouts.models import TimeoutTask
-from timeouts.queries import fetch_one
-from timeouts.scheduling import prepare
+from timeouts.store.queries import fetch_one
+from timeouts.store.scheduling import prepare
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

@@ -12,7 +12,7 @@ from tests import processes
 from tests.durable_routers import FailingFirst, routed_by
 from tests.system.test_dispatcher import dispatcher_thread
 from tests.testapp import tasks
-from timeouts.celery_calls import PREFIX
+from timeouts.durable.calls import PREFIX
 from timeouts.models import TimeoutTask
 
 Status = TimeoutTask.Status

@@ -15,9 +15,9 @@ from django.db import transaction
 import timeouts.celery
 from tests import processes
 from tests.testapp import tasks
-from timeouts.celery_calls import PREFIX
+from timeouts.dispatch.scan import scan
+from timeouts.durable.calls import PREFIX
 from timeouts.models import TimeoutTask
-from timeouts.scan import scan
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -212,8 +212,8 @@ def kill_with_calls_pending(worker, runs, env, before_kill=lambda: None):
 @pytest.mark.timeout(60)
 def test_a_call_published_twice_runs_once(worker, runs):
     """A publisher that crashed after sending, before its claim was known to be sent, sends again."""
-    from timeouts.claiming import claim_due
-    from timeouts.publishing import publish
+    from timeouts.dispatch.claiming import claim_due
+    from timeouts.dispatch.publishing import publish
 
     result = tasks.record.apply_async(("twice",), countdown=0.3)
     time.sleep(0.4)

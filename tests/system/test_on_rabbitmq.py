@@ -51,8 +51,8 @@ def test_a_message_the_broker_refuses_releases_its_claim_at_once(worker, broker,
     """With publisher confirms, a message RabbitMQ refuses (here its queue is full and rejects
     publishes) fails the publish: the claim goes back to PENDING at once instead of waiting out its
     lease, and the task runs, once, when the queue takes messages again."""
+    from timeouts.dispatch.scan import scan
     from timeouts.models import TimeoutTask
-    from timeouts.scan import scan
 
     full = json.dumps({"max-length": 0, "overflow": "reject-publish"})
     rabbitmqctl("set_policy", "-p", broker.vhost, "--apply-to", "queues", "full", "^celery$", full)
@@ -91,8 +91,8 @@ def queues_with_priorities(broker):  # noqa: F811
 @pytest.mark.timeout(60)
 def test_on_a_queue_with_priorities_a_backlog_s_messages_go_after_those_claimed_on_time(queues_with_priorities):
     from tests.integration.test_batches import schedule_due
-    from timeouts.claiming import claim_due
-    from timeouts.publishing import publish
+    from timeouts.dispatch.claiming import claim_due
+    from timeouts.dispatch.publishing import publish
 
     app = queues_with_priorities
     backlog = [t.job_id for t in schedule_due("test.record", 3, ago=5)]

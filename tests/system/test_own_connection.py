@@ -10,9 +10,9 @@ from tests import processes
 from tests.testapp import recorder
 from tests.testapp.recorder import CONNECTIONS_TABLE_SQL
 from timeouts import tasks
-from timeouts.claiming import claim_due
+from timeouts.dispatch.claiming import claim_due
+from timeouts.dispatch.scan import scan
 from timeouts.models import TimeoutTask
-from timeouts.scan import scan
 
 Status = TimeoutTask.Status
 pytestmark = pytest.mark.django_db(transaction=True)

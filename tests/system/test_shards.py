@@ -15,9 +15,9 @@ import timeouts
 from tests import processes
 from tests.broker_messages import queue_length
 from tests.shards import ALIASES, key_on, three_shards  # noqa: F401 (an autouse fixture)
-from timeouts import shards
-from timeouts.listener import APPLICATION_NAME
+from timeouts.dispatch.listener import APPLICATION_NAME
 from timeouts.models import TimeoutTask
+from timeouts.storage import shards
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True, databases=ALIASES), pytest.mark.slow, pytest.mark.timeout(120)]

@@ -22,8 +22,8 @@ from tests.system.test_dispatcher import dispatcher_process
 from tests.testapp import django_tasks as tasks
 from timeouts.backends import LeaseExpired, cancel
 from timeouts.backends.compat import TaskResultStatus
+from timeouts.dispatch.scan import scan
 from timeouts.models import TimeoutTask
-from timeouts.scan import scan
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 Status = TimeoutTask.Status

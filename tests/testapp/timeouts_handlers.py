@@ -9,8 +9,8 @@ import time
 from asgiref.sync import sync_to_async
 
 import timeouts
-from timeouts import own_connection
 from timeouts.models import TimeoutTask
+from timeouts.store import worker_connection
 
 from . import (
     conformance,  # noqa: F401  (registers the conformance suite's handlers)
@@ -52,7 +52,7 @@ def on_other_queue(task):
 @timeouts.handler("test.connections")
 def record_connections_used(task):
     """Records the server process behind timeouts' statements and the one behind the handler's ORM."""
-    record_connections(task, own_connection.current())
+    record_connections(task, worker_connection.current())
 
 
 @timeouts.handler("test.async")

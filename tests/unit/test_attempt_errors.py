@@ -7,7 +7,7 @@ import pytest
 from billiard import common
 from celery.exceptions import WorkerShutdown, WorkerTerminate
 
-from timeouts.running import MAX_ERROR_LENGTH, error_text, stops_the_worker
+from timeouts.worker.running import MAX_ERROR_LENGTH, error_text, stops_the_worker
 
 
 def test_an_error_text_writes_what_postgresql_refuses_as_python_escapes():

@@ -1,6 +1,6 @@
 """The dispatcher's backoff: exponential, capped, with jitter, however long failures last."""
 
-from timeouts.listener import Backoff
+from timeouts.dispatch.listener import Backoff
 
 
 def test_delays_double_up_to_the_cap_and_stay_there_however_many_failures():

@@ -17,7 +17,7 @@ from benchmarks.config import BenchConfig
 from benchmarks.shard_load import claim_rate, keys_on, shard_of
 from benchmarks.shard_servers import CpuMeter
 from tests.processes import ROOT
-from timeouts import shards as timeouts_shards
+from timeouts.storage import shards as timeouts_shards
 
 pytestmark = pytest.mark.timeout(30)
 

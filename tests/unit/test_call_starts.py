@@ -6,8 +6,9 @@ database: tests/integration/test_call_starts.py."""
 import threading
 import time
 
-from timeouts import call_starts, leases
-from timeouts.call_starts import _DatabaseClock, _Start
+from timeouts.durable import starts as call_starts
+from timeouts.durable.starts import _DatabaseClock, _Start
+from timeouts.worker import leases
 
 FENCE = [1, "2026-01-01T00:00:00+00:00", 1, None, "default"]
 # What the thread's compare-and-set answers (a long lease: no extension falls due in these tests).

@@ -12,7 +12,7 @@ import pytest
 from pglast import ast
 from pglast.visitors import Visitor
 
-from timeouts import queries
+from timeouts.store import queries
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -3,7 +3,7 @@ computed without any database."""
 
 import pytest
 
-from timeouts.dispatcher import Dispatcher
+from timeouts.dispatch.dispatcher import Dispatcher
 
 
 def test_the_dispatcher_claims_tasks_due_one_after_another_half_a_lead_at_a_time():

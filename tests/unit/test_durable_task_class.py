@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 from celery import Celery
 
 from timeouts.celery import DurableTask
-from timeouts.celery_calls import biz_type_for
-from timeouts.durable import _not_yet_due
+from timeouts.durable.calls import biz_type_for
+from timeouts.durable.task import _not_yet_due
 from timeouts.registry import BIZ_TYPE_RE
 
 

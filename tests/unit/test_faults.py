@@ -1,4 +1,4 @@
-"""timeouts.faults: the TIMEOUTS_FAULTS syntax, the firing rules, the firing log, and that an unarmed
+"""timeouts.testing.faults: the TIMEOUTS_FAULTS syntax, the firing rules, the firing log, and that an unarmed
 point does nothing."""
 
 import os
@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from timeouts import faults
-from timeouts.faults import FaultInjected, parse
+from timeouts.testing import faults
+from timeouts.testing.faults import FaultInjected, parse
 
 
 def test_parse_actions_and_rules():
@@ -82,6 +82,6 @@ def test_exit_ends_the_process_at_once_after_logging(tmp_path):
 
 def test_a_bad_setting_fails_at_import(tmp_path):
     env = {**os.environ, "TIMEOUTS_FAULTS": "nowhere=exit"}
-    result = subprocess.run([sys.executable, "-c", "import timeouts.faults"], check=False, env=env, capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run([sys.executable, "-c", "import timeouts.testing.faults"], check=False, env=env,
+                            capture_output=True, text=True, timeout=60)
     assert result.returncode != 0 and "unknown fault point" in result.stderr

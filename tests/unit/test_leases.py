@@ -1,4 +1,4 @@
-"""The heartbeat that keeps leases alive (timeouts/leases.py), and which processes a hard time limit
+"""The heartbeat that keeps leases alive (timeouts/worker/leases.py), and which processes a hard time limit
 stops, without a database: the extensions themselves are tested end to end (tests/system)."""
 
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 
 from tests import processes
-from timeouts import leases
+from timeouts.worker import leases
 
 KEY = {"job_id": 1, "action_time": None}
 

@@ -1,11 +1,11 @@
-"""How a biz_type's limits are split among the shards (timeouts/limit_shares.py): the parts add up
+"""How a biz_type's limits are split among the shards (timeouts/limiting/shares.py): the parts add up
 to the whole, a shard keeps what it runs, and the rest follows the due tasks."""
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from timeouts.limit_shares import RESERVE, concurrency_parts, current_tasks, rate_parts
+from timeouts.limiting.shares import RESERVE, concurrency_parts, current_tasks, rate_parts
 
 shard_counts = st.integers(min_value=1, max_value=8)
 

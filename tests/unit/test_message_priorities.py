@@ -2,7 +2,7 @@
 
 import pytest
 
-from timeouts.publishing import priorities
+from timeouts.dispatch.publishing import priorities
 
 
 @pytest.mark.parametrize("url,expected", [

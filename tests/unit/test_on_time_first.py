@@ -12,8 +12,8 @@ from kombu.asynchronous import Hub
 from kombu.asynchronous.semaphore import LaxBoundedSemaphore
 from kombu.asynchronous.timer import Timer as WorkersTimer
 
-from timeouts import on_time_first
-from timeouts.publishing import RUN, RUN_BATCH
+from timeouts.dispatch.publishing import RUN, RUN_BATCH
+from timeouts.worker import priority
 
 ETA = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -22,9 +22,9 @@ ETA = datetime(2026, 1, 1, tzinfo=UTC)
 def no_asks_standing():
     """The asks are the pool's shared memory, made once per process: each test starts with none."""
     yield
-    if on_time_first._asks is not None:
-        on_time_first._asks[on_time_first.ASKED] = 0
-    on_time_first._ahead.clear()
+    if priority._asks is not None:
+        priority._asks[priority.ASKED] = 0
+    priority._ahead.clear()
 
 
 class Worker:
@@ -35,9 +35,9 @@ class Worker:
         self.timer = Timer() if timer is None else timer
         self._quick_acquire = self.semaphore.acquire
         self.handed = []
-        on_time_first._install(sender=self)
+        priority._install(sender=self)
         if isinstance(self.timer, Timer):
-            on_time_first._timed = on_time_first._Timed(clock=self.timer.now)
+            priority._timed = priority._Timed(clock=self.timer.now)
 
     def _process_task(self, request):
         self.handed.append(request.label)
@@ -48,7 +48,7 @@ class Worker:
 
     def receive(self, label, eta, name=RUN_BATCH):
         """The message arrives, ahead of its ETA."""
-        on_time_first._received(sender=SimpleNamespace(controller=self, timer=self.timer),
+        priority._received(sender=SimpleNamespace(controller=self, timer=self.timer),
                                 request=request(label, name, eta))
 
     def one_process_frees(self):
@@ -59,7 +59,7 @@ class Worker:
         queued there and the processes held for them are forgotten), then stops the consumer's
         steps before it reconnects."""
         self.semaphore.clear()
-        on_time_first.ForgetAsks(parent=None).stop(consumer=None)
+        priority.ForgetAsks(parent=None).stop(consumer=None)
 
 
 class Timer:
@@ -118,16 +118,16 @@ def test_one_batch_gives_way_for_each_request_claimed_on_time_that_waits():
     worker = Worker(processes=2)
     worker.offer("late 1")
     worker.offer("late 2")
-    assert not on_time_first.should_give_way()
+    assert not priority.should_give_way()
     worker.offer("on time 1", eta=ETA)
     worker.offer("on time 2", eta=ETA)
-    assert on_time_first.should_give_way()
-    assert on_time_first.should_give_way()
-    assert not on_time_first.should_give_way()  # asked twice, answered twice
+    assert priority.should_give_way()
+    assert priority.should_give_way()
+    assert not priority.should_give_way()  # asked twice, answered twice
     worker.one_process_frees()
     worker.one_process_frees()
     assert worker.handed == ["late 1", "late 2", "on time 1", "on time 2"]
-    assert not on_time_first.should_give_way()
+    assert not priority.should_give_way()
 
 
 def test_an_ask_is_withdrawn_when_a_process_frees_without_giving_way():
@@ -137,15 +137,15 @@ def test_an_ask_is_withdrawn_when_a_process_frees_without_giving_way():
     worker.offer("on time 2", eta=ETA)
     worker.one_process_frees()  # the batch ended by itself
     assert worker.handed == ["late 1", "on time 1"]
-    assert on_time_first.should_give_way()  # for the second, which still waits
-    assert not on_time_first.should_give_way()
+    assert priority.should_give_way()  # for the second, which still waits
+    assert not priority.should_give_way()
 
 
 def test_a_free_process_takes_a_request_claimed_on_time_without_asking_anyone_to_give_way():
     worker = Worker(processes=2)
     worker.offer("late 1")
     worker.offer("on time 1", eta=ETA)
-    assert worker.handed == ["late 1", "on time 1"] and not on_time_first.should_give_way()
+    assert worker.handed == ["late 1", "on time 1"] and not priority.should_give_way()
 
 
 def test_other_tasks_with_an_eta_keep_their_place():
@@ -156,17 +156,17 @@ def test_other_tasks_with_an_eta_keep_their_place():
     worker.one_process_frees()
     worker.one_process_frees()
     assert worker.handed == ["late 1", "late 2", "a host's own eta task"]
-    assert not on_time_first.should_give_way()
+    assert not priority.should_give_way()
 
 
 def test_an_ask_nobody_answers_runs_out(monkeypatch):
-    monkeypatch.setattr(on_time_first, "ASK_LIFETIME", 0.05)
+    monkeypatch.setattr(priority, "ASK_LIFETIME", 0.05)
     worker = Worker(processes=1)
     worker.offer("late 1")
     worker.offer("on time 1", eta=ETA)
     worker.lose_connection()  # Celery drops its queued requests
     time.sleep(0.1)
-    assert not on_time_first.should_give_way()
+    assert not priority.should_give_way()
 
 
 def test_requests_claimed_on_time_go_in_the_order_of_their_etas():
@@ -192,9 +192,9 @@ def test_a_busy_worker_asks_ahead_of_the_eta_and_holds_the_process_freed_for_the
     worker = busy_with_a_backlog()
     eta = soon()
     worker.receive("on time", eta)
-    assert not on_time_first.should_give_way()  # not before ASK_AHEAD
+    assert not priority.should_give_way()  # not before ASK_AHEAD
     worker.timer.fire(limit=1.0)
-    assert on_time_first.should_give_way()
+    assert priority.should_give_way()
     worker.one_process_frees()  # the batch gave way
     assert worker.handed == ["late 1"]  # the process waits for the request, not for the backlog
     worker.offer("on time", eta=eta)
@@ -209,8 +209,8 @@ def test_a_request_whose_eta_comes_before_the_process_takes_the_place_asked_for_
     worker.receive("on time", eta)
     worker.timer.fire(limit=1.0)
     worker.offer("on time", eta=eta)
-    assert on_time_first.should_give_way()
-    assert not on_time_first.should_give_way()  # one ask for the request, not two
+    assert priority.should_give_way()
+    assert not priority.should_give_way()  # one ask for the request, not two
     worker.one_process_frees()
     worker.one_process_frees()
     assert worker.handed == ["late 1", "on time", "late 2"]
@@ -222,7 +222,7 @@ def test_nothing_is_asked_ahead_while_a_process_is_free():
     eta = soon()
     worker.receive("on time", eta)
     worker.timer.fire(limit=1.0)
-    assert not on_time_first.should_give_way()
+    assert not priority.should_give_way()
     worker.offer("on time", eta=eta)
     assert worker.handed == ["late 1", "on time"]
 
@@ -233,7 +233,7 @@ def test_a_process_held_for_a_request_that_does_not_come_goes_back_to_the_pool()
     worker.timer.fire(limit=1.0)
     worker.one_process_frees()
     assert worker.handed == ["late 1"]
-    worker.timer.fire(limit=on_time_first.HOLD_LIMIT)
+    worker.timer.fire(limit=priority.HOLD_LIMIT)
     assert worker.handed == ["late 1", "late 2"]
 
 
@@ -241,7 +241,7 @@ def test_a_message_that_arrives_after_its_eta_asks_nothing_ahead():
     worker = Worker(processes=1)
     worker.offer("late 1")
     worker.receive("on time", datetime.now(UTC) - timedelta(seconds=1))
-    assert worker.timer.entries == [] and not on_time_first.should_give_way()
+    assert worker.timer.entries == [] and not priority.should_give_way()
 
 
 def test_a_message_delivered_again_after_celery_dropped_it_asks_afresh():
@@ -249,14 +249,14 @@ def test_a_message_delivered_again_after_celery_dropped_it_asks_afresh():
     eta = soon()
     worker.receive("on time", eta)
     worker.timer.fire(limit=1.0)
-    assert on_time_first.should_give_way()
+    assert priority.should_give_way()
     worker.one_process_frees()  # held for the request
     worker.lose_connection()  # Celery drops its queued requests
     worker.handed.clear()
     worker.offer("late, taken again")  # the process that was held is free again
     worker.receive("on time", eta)  # the message comes again, with its ETA
     worker.timer.fire(limit=1.0)
-    assert on_time_first.should_give_way()
+    assert priority.should_give_way()
     worker.one_process_frees()
     worker.offer("on time", eta=eta)
     assert worker.handed == ["late, taken again", "on time"]
@@ -265,7 +265,7 @@ def test_a_message_delivered_again_after_celery_dropped_it_asks_afresh():
 def test_a_durable_task_call_asks_nothing_ahead():
     worker = busy_with_a_backlog()
     worker.receive("a call", soon(), name="orders.close")
-    assert worker.timer.entries == [] and not on_time_first.should_give_way()
+    assert worker.timer.entries == [] and not priority.should_give_way()
 
 
 def test_an_ask_left_from_before_a_lost_connection_holds_no_process_once_the_message_comes_again():
@@ -283,7 +283,7 @@ def test_an_ask_left_from_before_a_lost_connection_holds_no_process_once_the_mes
     worker.timer.fire(limit=1.0)
     worker.one_process_frees()
     worker.offer("on time", eta=eta)
-    worker.timer.fire(limit=on_time_first.HOLD_LIMIT)
+    worker.timer.fire(limit=priority.HOLD_LIMIT)
     worker.one_process_frees()
     worker.offer("late, after")
     assert worker.handed == ["late, taken again", "on time", "late, after"]
@@ -293,7 +293,7 @@ def test_a_process_that_frees_for_an_ask_already_let_go_goes_to_the_next_request
     worker = busy_with_a_backlog()
     worker.receive("dropped", soon())
     worker.timer.fire(limit=1.0)  # asked ahead, while every process is busy
-    worker.timer.fire(limit=on_time_first.HOLD_LIMIT)  # the request did not come, and no process freed
+    worker.timer.fire(limit=priority.HOLD_LIMIT)  # the request did not come, and no process freed
     worker.one_process_frees()
     assert worker.handed == ["late 1", "late 2"]
 
@@ -304,7 +304,7 @@ def test_an_ask_whose_eta_has_passed_asks_nothing():
     worker.receive("held up", eta)
     time.sleep(0.1)  # the timer fires late
     worker.timer.fire(limit=1.0)
-    assert not on_time_first.should_give_way()
+    assert not priority.should_give_way()
     worker.one_process_frees()
     assert worker.handed == ["late 1", "late 2"]
 
@@ -317,9 +317,9 @@ def test_a_message_due_sooner_than_one_that_came_before_it_is_asked_for_at_its_o
     worker.receive("on time, due sooner", soon(seconds=1.0))
     assert len(worker.timer.entries) == 1  # the worker's timer holds one entry for both asks
     worker.timer.fire(limit=1.0)
-    assert on_time_first.should_give_way() and not on_time_first.should_give_way()
+    assert priority.should_give_way() and not priority.should_give_way()
     worker.timer.fire(limit=1.0)
-    assert on_time_first.should_give_way()
+    assert priority.should_give_way()
 
 
 @pytest.fixture
@@ -336,7 +336,7 @@ def receive_a_burst(worker, count):
     for index in range(count):
         worker.receive(f"burst {index}", eta)
     deadline = time.monotonic() + 5
-    while time.time() < eta.timestamp() - on_time_first.ASK_AHEAD and time.monotonic() < deadline:
+    while time.time() < eta.timestamp() - priority.ASK_AHEAD and time.monotonic() < deadline:
         time.sleep(0.001)
 
 
@@ -352,7 +352,7 @@ def test_a_burst_due_at_one_instant_leaves_nothing_due_after_one_turn_of_the_eve
     receive_a_burst(worker, 50)
     event_loop.fire_timers()
     assert due_entries(event_loop.timer) == []
-    assert not on_time_first.should_give_way()  # a process is free: nothing is asked
+    assert not priority.should_give_way()  # a process is free: nothing is asked
 
 
 def test_a_busy_worker_asks_for_every_message_of_a_burst_in_one_turn_of_the_event_loop(event_loop):
@@ -361,5 +361,5 @@ def test_a_busy_worker_asks_for_every_message_of_a_burst_in_one_turn_of_the_even
     worker.offer("late 2")
     receive_a_burst(worker, 50)
     event_loop.fire_timers()
-    assert sum(on_time_first.should_give_way() for _ in range(60)) == 50
+    assert sum(priority.should_give_way() for _ in range(60)) == 50
     assert due_entries(event_loop.timer) == []  # what comes next (the ends of the holds) is not due yet

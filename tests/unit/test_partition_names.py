@@ -1,11 +1,11 @@
 """Partition names and bounds: UTC-aligned buckets of each PARTITION_INTERVAL, their names, and the
-bounds read back from a name (pure functions of timeouts.partitions)."""
+bounds read back from a name (pure functions of timeouts.storage.partitions)."""
 
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from timeouts import partitions
+from timeouts.storage import partitions
 
 
 def at(text):

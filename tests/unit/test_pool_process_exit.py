@@ -1,5 +1,5 @@
 """A pool process on its way out waits for its last result without the lock its worker's main
-process takes for every result (timeouts/pool_process_exit.py): killed while holding it, it would
+process takes for every result (timeouts/worker/pool_process_exit.py): killed while holding it, it would
 leave the main process waiting forever. Run against billiard itself, whose behaviour this relies on."""
 
 import threading
@@ -8,7 +8,7 @@ import billiard
 import pytest
 from billiard.pool import Pool, Worker
 
-from timeouts import pool_process_exit
+from timeouts.worker import pool_process_exit
 
 # The billiard versions whose pool processes were checked to wait for their last result under the
 # count's lock, the way pool_process_exit.py works around.
@@ -17,7 +17,7 @@ CHECKED = {"4.3.2"}
 
 def test_billiard_is_a_version_the_workaround_was_checked_against():
     assert billiard.__version__ in CHECKED, (
-        f"billiard {billiard.__version__}: check that timeouts/pool_process_exit.py still applies "
+        f"billiard {billiard.__version__}: check that timeouts/worker/pool_process_exit.py still applies "
         "(Worker._ensure_messages_consumed reading on_ready_counter under its lock), then add the version")
 
 

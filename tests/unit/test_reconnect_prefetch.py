@@ -1,4 +1,4 @@
-"""setup() turns off Celery's prefetch reduction after a reconnect (timeouts/reconnect_prefetch.py),
+"""setup() turns off Celery's prefetch reduction after a reconnect (timeouts/worker/reconnect_prefetch.py),
 whose raising of the prefetch count runs in the thread that acknowledges a message: a `-P threads`
 worker on RabbitMQ stopped consuming after the broker came back (tests/reliability,
 test_rabbitmq_faults.py with a threads pool). The guard below fails on a Celery this was not
@@ -19,7 +19,7 @@ CHECKED = {"5.7.0"}
 
 def test_celery_is_a_version_the_workaround_was_checked_against():
     assert celery.__version__ in CHECKED, (
-        f"Celery {celery.__version__}: check that timeouts/reconnect_prefetch.py still applies "
+        f"Celery {celery.__version__}: check that timeouts/worker/reconnect_prefetch.py still applies "
         "(Consumer.create_task_handler chaining _restore_prefetch_count_after_connection_restart on "
         "the ack and reject promises), then add the version")
 

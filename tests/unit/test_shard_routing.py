@@ -5,9 +5,9 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from timeouts import shards
 from timeouts.conf import get_settings
-from timeouts.queries import QUERIES
+from timeouts.storage import shards
+from timeouts.store.queries import QUERIES
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -88,7 +88,7 @@ def _package_sources(exclude=()):
 
 
 def test_every_named_query_is_used():
-    from timeouts import queries
+    from timeouts.store import queries
 
     sources = _package_sources(exclude={"queries.py"})
     unused = [name for name in queries.QUERIES
@@ -99,7 +99,7 @@ def test_every_named_query_is_used():
 
 
 def test_every_sql_file_is_read_once():
-    from timeouts import queries
+    from timeouts.store import queries
 
     # timeouts/sql holds the runtime query files, each read by queries.py; sql/migrations holds the
     # migrations' files, each named by exactly one migration. Nothing else lies in either.

@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from timeouts import tasks_queues
+from timeouts.backends import queues
 from timeouts.backends.compat import TaskResultDoesNotExist
 from timeouts.backends.results import parse_result_id, result_id
 from timeouts.registry import BIZ_TYPE_RE
@@ -40,20 +40,20 @@ def test_what_is_no_result_id_does_not_exist(bad):
     ("dé", "q"),
 ])
 def test_every_alias_and_queue_has_a_valid_biz_type_of_its_own(alias, queue):
-    biz_type = tasks_queues.biz_type_for(alias, queue)
+    biz_type = queues.biz_type_for(alias, queue)
     assert BIZ_TYPE_RE.fullmatch(biz_type) and biz_type.startswith("tasks:")
-    assert biz_type != tasks_queues.biz_type_for(alias, queue + "x")
+    assert biz_type != queues.biz_type_for(alias, queue + "x")
 
 
 def test_the_default_queue_runs_on_celerys_default_queue():
-    assert tasks_queues.celery_queue("default") is None
-    assert tasks_queues.celery_queue("emails") == "emails"
+    assert queues.celery_queue("default") is None
+    assert queues.celery_queue("emails") == "emails"
 
 
 def test_options_default_to_djangos_single_attempt():
-    options = tasks_queues.options("default", {"BACKEND": tasks_queues.BACKEND})
+    options = queues.options("default", {"BACKEND": queues.BACKEND})
     assert (options.queues, options.max_attempts, options.ttr) == (("default",), 1, 60)
-    options = tasks_queues.options("x", {"QUEUES": ["a", "b", "a"], "OPTIONS": {"MAX_ATTEMPTS": 5, "TTR": 10}})
+    options = queues.options("x", {"QUEUES": ["a", "b", "a"], "OPTIONS": {"MAX_ATTEMPTS": 5, "TTR": 10}})
     assert (options.queues, options.max_attempts, options.ttr) == (("a", "b"), 5, 10)
 
 
@@ -63,7 +63,7 @@ def test_options_default_to_djangos_single_attempt():
 ])
 def test_bad_settings_say_what_is_wrong(params):
     with pytest.raises(ImproperlyConfigured, match=r"TASKS\['default'\]"):
-        tasks_queues.options("default", params)
+        queues.options("default", params)
 
 
 def test_distinct_keys_have_distinct_ids():

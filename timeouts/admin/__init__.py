@@ -19,13 +19,13 @@ from django.contrib import admin
 from django.db.models import Q
 from django.urls import path
 
-from .. import shards
-from ..models import TimeoutTask
-from . import businesses, display
-from .actions import cancel_selected, requeue_selected, run_now
-from .filters import BizTypeFilter, DueWindowFilter, ShardFilter, StatusFilter
-from .merged import ShardedChangeList
-from .paginator import EstimatedCountPaginator
+from timeouts.admin import businesses, display
+from timeouts.admin.actions import cancel_selected, requeue_selected, run_now
+from timeouts.admin.filters import BizTypeFilter, DueWindowFilter, ShardFilter, StatusFilter
+from timeouts.admin.merged import ShardedChangeList
+from timeouts.admin.paginator import EstimatedCountPaginator
+from timeouts.models import TimeoutTask
+from timeouts.storage import shards
 
 MAX_JOB_ID = 2**63 - 1
 

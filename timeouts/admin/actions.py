@@ -17,9 +17,11 @@ from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.core.exceptions import PermissionDenied
 
-from .. import operations, shards
-from ..states import Status
-from .merged import ShardMerge, across_shards
+from timeouts.admin import operations
+from timeouts.admin.merged import ShardMerge, across_shards
+from timeouts.states import Status
+from timeouts.storage import shards
+from timeouts.store import clock
 
 # "Select all" can mean millions of rows; an action works on at most this many, one by one.
 MAX_TASKS = 1000
@@ -123,7 +125,7 @@ def run_now(modeladmin, request, queryset):
     if tasks is None:
         return
     # "Now" by the clock of each task's database, read once per database.
-    now = {alias: operations.database_now(alias) for alias in {task._state.db for task in tasks}}
+    now = {alias: clock.database_now(alias) for alias in {task._state.db for task in tasks}}
     results, outcomes = defaultdict(list), {}
     for task in tasks:
         result = operations.run_now(task, now=now[task._state.db])

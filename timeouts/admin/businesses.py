@@ -21,10 +21,12 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
-from .. import operations, registry, shards, stats
-from ..errors import InvalidOption, TimeoutsError
-from ..models import TimeoutTask
-from . import charts, control
+from timeouts import registry, stats
+from timeouts.admin import charts, control
+from timeouts.errors import InvalidOption, TimeoutsError
+from timeouts.models import TimeoutTask
+from timeouts.storage import shards
+from timeouts.store import clock
 
 PERMISSION = "timeouts.change_limits"
 
@@ -85,7 +87,7 @@ def _at_least(n, exact):
 
 def rows(using="default"):
     """(database now, [Row]) for every known biz_type, in order."""
-    now = operations.database_now(using)
+    now = clock.database_now(using)
     found = stats.biz_types(now, using=using)
     names = [biz_type.name for biz_type in found]
     due = stats.due_soon(names, now, using=using)

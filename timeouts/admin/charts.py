@@ -10,7 +10,7 @@ bar (the browser shows it on hover) and an aria-label that says in words what th
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from .. import stats
+from timeouts import stats
 
 WIDTH, HEIGHT = 180, 40
 GAP = 1

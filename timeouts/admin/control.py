@@ -3,9 +3,8 @@
 how the page shows the values."""
 
 import timeouts as api
-
-from .. import registry
-from ..errors import InvalidOption
+from timeouts import registry
+from timeouts.errors import InvalidOption
 
 
 def changeable(biz_type):

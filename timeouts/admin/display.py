@@ -5,8 +5,8 @@ import json
 from django.utils import timezone
 from django.utils.html import format_html
 
-from .. import stats
-from ..states import Status
+from timeouts import stats
+from timeouts.states import Status
 
 # Background colours with white text (contrast >= 4.5:1), in both of the admin's themes.
 STATUS_COLOURS = {

@@ -10,8 +10,9 @@ from django.contrib import admin
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from .. import registry, shards
-from ..states import Status
+from timeouts import registry
+from timeouts.states import Status
+from timeouts.storage import shards
 
 # Statuses only a task that has started can have: its action_time is in the past, so the future
 # partitions need not be read (started_at >= run_at >= action_time, by the compare-and-set and a

@@ -20,7 +20,8 @@ from django.core.paginator import InvalidPage
 from django.db import DatabaseError
 from django.db.models import F, OrderBy
 
-from .. import shards, stats
+from timeouts import stats
+from timeouts.storage import shards
 
 logger = logging.getLogger(__name__)
 

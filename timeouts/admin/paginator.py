@@ -13,8 +13,8 @@ import math
 from django.core.paginator import Paginator
 from django.utils.functional import cached_property
 
-from .. import stats
-from .merged import ShardMerge
+from timeouts import stats
+from timeouts.admin.merged import ShardMerge
 
 
 class EstimatedCountPaginator(Paginator):

@@ -7,8 +7,8 @@ backport on 5.2) whose tasks are timeout tasks:
 See docs/howto/django-tasks.md.
 """
 
-from .backend import TimeoutsBackend
-from .cancelling import cancel
-from .errors import Cancelled, InvalidTaskArguments, InvalidTaskOptions, LeaseExpired
+from timeouts.backends.backend import TimeoutsBackend
+from timeouts.backends.cancelling import cancel
+from timeouts.backends.errors import Cancelled, InvalidTaskArguments, InvalidTaskOptions, LeaseExpired
 
 __all__ = ["Cancelled", "InvalidTaskArguments", "InvalidTaskOptions", "LeaseExpired", "TimeoutsBackend", "cancel"]

@@ -15,14 +15,10 @@ from functools import partial
 
 from django.db import connections, transaction
 
-from .. import events, shards, tasks_queues, validation
-from ..conf import get_settings
-from ..errors import InvalidAttribute
-from ..models import TimeoutTask
-from ..queries import fetch_one
-from ..scheduling import NewTask, _insert
-from . import results
-from .compat import (
+from timeouts import events, validation
+from timeouts.backends import queues as tasks_queues
+from timeouts.backends import results
+from timeouts.backends.compat import (
     BaseTaskBackend,
     InvalidTask,
     TaskResult,
@@ -31,7 +27,13 @@ from .compat import (
     normalize_json,
     task_enqueued,
 )
-from .errors import InvalidTaskArguments, InvalidTaskOptions
+from timeouts.backends.errors import InvalidTaskArguments, InvalidTaskOptions
+from timeouts.conf import get_settings
+from timeouts.errors import InvalidAttribute
+from timeouts.models import TimeoutTask
+from timeouts.storage import shards
+from timeouts.store.queries import fetch_one
+from timeouts.store.scheduling import NewTask, _insert
 
 # The attribute's format, so that a later version can read the tasks an older one stored.
 FORMAT = 1

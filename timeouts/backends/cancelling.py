@@ -2,11 +2,12 @@
 
 from django.db import connections
 
-from .. import events, shards
-from ..queries import fetch_one
-from ..retry import retry_on_conflict
-from ..states import WAITING
-from . import results
+from timeouts import events
+from timeouts.backends import results
+from timeouts.states import WAITING
+from timeouts.storage import shards
+from timeouts.store.queries import fetch_one
+from timeouts.store.serialization import retry_on_conflict
 
 # A requeued row moves (its action_time changes); it is followed this many times.
 MOVES_FOLLOWED = 3

@@ -2,8 +2,8 @@
 `InvalidTask`: nothing was stored), and the exceptions its results name for attempts that ended
 without one of their own."""
 
-from ..errors import InvalidAttribute, InvalidOption
-from .compat import InvalidTask
+from timeouts.backends.compat import InvalidTask
+from timeouts.errors import InvalidAttribute, InvalidOption
 
 
 class InvalidTaskArguments(InvalidAttribute, InvalidTask):

@@ -18,13 +18,21 @@ import traceback
 
 from celery import current_task
 
-from .. import own_connection
-from ..conf import get_settings
-from ..partitions import bucket_start, partition_name
-from ..running import error_text, record_outcome, stops_the_worker
-from ..states import Status
-from . import results
-from .compat import TaskContext, TaskError, TaskResultStatus, normalize_json, task_backends, task_finished, task_started
+from timeouts.backends import results
+from timeouts.backends.compat import (
+    TaskContext,
+    TaskError,
+    TaskResultStatus,
+    normalize_json,
+    task_backends,
+    task_finished,
+    task_started,
+)
+from timeouts.conf import get_settings
+from timeouts.states import Status
+from timeouts.storage.partitions import bucket_start, partition_name
+from timeouts.store import worker_connection
+from timeouts.worker.running import error_text, record_outcome, stops_the_worker
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +41,7 @@ def run(alias, task):
     """Run the attempt `task.attempts` of `task` (a TimeoutTask, RUNNING) on backend `alias`."""
     key = {"job_id": task.job_id, "action_time": task.action_time, "attempt": task.attempts}
     # Inside a host's transaction (an eager task) a missing partition would abort it: no shortcut.
-    partition = None if own_connection.current().in_atomic_block else partition_of(task.action_time)
+    partition = None if worker_connection.current().in_atomic_block else partition_of(task.action_time)
     started = record_outcome("tasks_backend_started", {**key, "worker_id": worker_id()}, partition)
     if started is None:  # the lease ran out already: another attempt owns the row
         logger.warning("timeouts: %s lost its lease before it started", task)

@@ -5,7 +5,7 @@ The state side is the plain model Django and its admin work with.
 - 0001_tasks.sql: the partitioned task table, its DEFAULT partition and its indexes;
 - 0001_notify.sql: the function that wakes the dispatchers;
 - 0001_limits.sql: the biz_types' limits (timeouts_limits, read and written through
-  timeouts.isolation and timeouts.limit_shares: no model), the index fair claiming walks and each
+  timeouts.limiting.controls and timeouts.limiting.shares: no model), the index fair claiming walks and each
   shard's part of a limit. The permission to change limits from the admin is the task model's.
 
 The first partitions are created last, when the table and its indexes are complete."""
@@ -16,7 +16,7 @@ from timeouts.migrations import run_sql_file
 
 
 def create_first_partitions(apps, schema_editor):
-    from timeouts import partitions
+    from timeouts.storage import partitions
 
     partitions.maintain(using=schema_editor.connection.alias)
 

@@ -5,7 +5,7 @@ import threading
 
 from django.core.management.base import BaseCommand
 
-from timeouts import dispatcher
+from timeouts.dispatch import dispatcher
 
 
 class Command(BaseCommand):

@@ -4,7 +4,7 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from timeouts import partitions, shards
+from timeouts.storage import partitions, shards
 
 
 class Command(BaseCommand):

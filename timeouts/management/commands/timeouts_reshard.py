@@ -1,9 +1,9 @@
 """`manage.py timeouts_reshard --from default,tasks_b`: after a shard was added to
-TIMEOUTS["SHARDS"], move the slots that changed owner (timeouts/resharding.py)."""
+TIMEOUTS["SHARDS"], move the slots that changed owner (timeouts/storage/resharding.py)."""
 
 from django.core.management.base import BaseCommand, CommandError
 
-from timeouts import resharding, shards
+from timeouts.storage import resharding, shards
 
 
 class Command(BaseCommand):

@@ -1,11 +1,13 @@
-"""manage.py timeouts_stats: what the task table holds, cheaply (see timeouts/stats.py), on every shard
-(timeouts/shard_report.py)."""
+"""manage.py timeouts_stats: what the task table holds, cheaply (see timeouts/stats/__init__.py), on every shard
+(timeouts/shard_totals.py)."""
 
 import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from timeouts import report_text, shard_report, shards, stats
+from timeouts import stats
+from timeouts.stats import shard_totals, text_report
+from timeouts.storage import shards
 
 
 class Command(BaseCommand):
@@ -26,9 +28,9 @@ class Command(BaseCommand):
         if len(aliases) == 1:
             report = stats.report(exact=exact, minutes=minutes, using=aliases[0])
         else:
-            report = shard_report.report_of_shards(aliases, exact=exact, minutes=minutes)
-        self.stdout.write(json.dumps(report, indent=2, default=str) if as_json else report_text.format_report(report))
-        unread = shard_report.unread_shards(report)
+            report = shard_totals.report_of_shards(aliases, exact=exact, minutes=minutes)
+        self.stdout.write(json.dumps(report, indent=2, default=str) if as_json else text_report.format_report(report))
+        unread = shard_totals.unread_shards(report)
         if unread:
             # Everything that could be read is printed above; the status tells a script or a
             # monitor that the totals leave some shards out.

@@ -1,0 +1,1 @@
+"""DurableTask: Celery calls whose eta/countdown waits in timeouts' table."""

@@ -1,0 +1,242 @@
+"""`DurableTask`: a Celery Task base class whose eta/countdown calls wait in `timeouts_task`
+instead of a broker or a worker's memory (importable as `timeouts.celery.DurableTask`).
+
+    app = Celery("proj", task_cls="timeouts.celery:DurableTask")   # every task of the app
+    @app.task(base=DurableTask)                                    # or one task
+
+- `apply_async` (and `delay`, signatures, `retry`) with an `eta` or `countdown` that is not yet due,
+  by the caller's clock as Celery reckons it: the call becomes a row (celery_calls.py) in the
+  caller's transaction, and the usual AsyncResult comes back. Anything else, and Celery's own
+  `celery.*` tasks (chord_unlock polls with a countdown): Celery's apply_async, unchanged.
+- At its time the row is claimed and the task's own message published, with the row's fence. The
+  worker starts the task only if the message still owns the row's current attempt (the
+  compare-and-set of `timeouts.run`, which the worker's main process runs while a message claimed
+  ahead waits for its eta: call_starts.py): a message published twice runs once, and a cancel
+  that returned True wins. The row then records the outcome: DONE when the task returned, raised
+  Retry (the retry is a call of its own, with the same task_id) or Ignore; DEAD with the reason
+  when it raised Reject or anything else, or Celery killed it at its hard time limit (Celery
+  records the FAILURE as usual; an operator may requeue the row). While the call runs, a thread
+  of the worker process extends its lease (the call's hard time limit, else the task's `ttr`,
+  else DEFAULT_TTR) every third of it (leases.py); a worker lost mid-run stops extending it, the
+  lease runs out, and the call runs again. A call started ahead that waits for a pool process has
+  its lease kept by the worker's main process meanwhile, and its body runs only once the database
+  confirms that its start still holds.
+"""
+
+import logging
+import time
+import traceback
+from datetime import datetime, timedelta
+from functools import partial
+
+from celery import Task
+from celery.exceptions import Ignore, Reject, Retry, TimeLimitExceeded
+from celery.utils.time import maybe_make_aware
+from dateutil.parser import isoparse
+from django.db import DEFAULT_DB_ALIAS
+
+from timeouts import registry
+from timeouts.durable import calls as celery_calls
+from timeouts.durable.calls import FENCE_HEADER
+from timeouts.storage import shards
+
+logger = logging.getLogger(__name__)
+
+# Celery's own tasks (celery.chord_unlock, celery.backend_cleanup, ...) keep Celery's ways.
+CELERY_INTERNAL = "celery."
+# timeouts' own tasks (timeouts.run, ...), DurableTask too under task_cls, are never called with an ETA.
+TIMEOUTS_OWN = "timeouts."
+
+
+class DurableTask(Task):
+    """A Celery task whose not-yet-due eta/countdown calls are stored durably by timeouts."""
+
+    #: The worker starts a call received ahead of its eta while the message waits (call_starts.py).
+    Request = "timeouts.durable.starts:StartingRequest"
+
+    #: Seconds after which a started call whose worker stopped extending its lease (the worker
+    #: died) counts as lost, and runs again. None: the call's hard time limit, if it has one,
+    #: else TIMEOUTS["DEFAULT_TTR"].
+    ttr = None
+
+    @classmethod
+    def on_bound(cls, app):
+        """Celery binds each task class to its app: the admin then offers its calls' biz_type."""
+        super().on_bound(app)
+        if cls.name and not cls.name.startswith((CELERY_INTERNAL, TIMEOUTS_OWN)):
+            registry.register_celery_call(celery_calls.biz_type_for(cls.name))
+
+    def apply_async(self, args=None, kwargs=None, task_id=None, producer=None, link=None, link_error=None,
+                    shadow=None, **options):
+        headers = options.get("headers")
+        if headers and FENCE_HEADER in headers:
+            # A retry copies the request's headers: the fence belongs to the message that ran.
+            options["headers"] = {key: value for key, value in headers.items() if key != FENCE_HEADER}
+        app = self._get_app()
+        eta = None
+        if not app.conf.task_always_eager and not self.name.startswith(CELERY_INTERNAL):
+            eta = _not_yet_due(app, options.get("eta"), options.get("countdown"))
+        if eta is None:
+            return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+        return self._store(app, args, kwargs, task_id, link, link_error, shadow, eta, options)
+
+    def _store(self, app, args, kwargs, task_id, link, link_error, shadow, eta, options):
+        """What Task.apply_async does before it calls send_task, then the row instead of a message."""
+        if self.soft_time_limit and self.time_limit and self.soft_time_limit > self.time_limit:
+            raise ValueError("soft_time_limit must be less than or equal to time_limit")
+        if self.typing:
+            check_arguments = getattr(self, "__header__", None)
+            if check_arguments is not None:
+                check_arguments(*(args or ()), **(kwargs or {}))
+        shadow = shadow or self.shadow_name(args, kwargs, options)
+        options = dict(self._get_exec_options(), **options)
+        dump_pydantic_arguments = getattr(self, "_dump_pydantic_arguments", None)  # Celery 5.5+ (pydantic=True)
+        if dump_pydantic_arguments is not None:
+            args, kwargs = dump_pydantic_arguments(args, kwargs)
+        options.setdefault("ignore_result", self.ignore_result)
+        task_id = task_id or celery_calls.new_task_id()  # on a shard of the caller's transaction
+        celery_calls.store(app, self.name, args, kwargs, task_id, eta,
+                           {**options, "link": link, "link_error": link_error, "shadow": shadow}, ttr=self.ttr)
+        result = self.AsyncResult(task_id)
+        result.ignored = options["ignore_result"]
+        if options.get("add_to_parent", True):
+            parent = app.current_worker_task
+            if parent:
+                parent.add_trail(result)
+        return result
+
+    def __call__(self, *args, **kwargs):
+        request = self.request
+        fence = None if request.called_directly else (request.headers or {}).get(FENCE_HEADER)
+        if not fence:
+            return super().__call__(*args, **kwargs)
+        return _run_fenced(self, fence, super().__call__, args, kwargs)
+
+    def on_failure(self, exc, task_id, args, kwargs, einfo):
+        """Celery's worker calls this in its main process when it killed a task at its hard time
+        limit: the task's own process cannot record that outcome."""
+        if isinstance(exc, TimeLimitExceeded):
+            _end_timed_out(task_id, exc)
+        super().on_failure(exc, task_id, args, kwargs, einfo)
+
+
+def _not_yet_due(app, eta, countdown):
+    """The call's ETA (aware), as Celery works it out, if it is still to come; else None."""
+    now = app.now()
+    if countdown:  # Celery: a countdown wins over an eta
+        eta = now + timedelta(seconds=countdown)
+    elif not eta:
+        return None
+    elif isinstance(eta, str):
+        eta = isoparse(eta)
+    eta = maybe_make_aware(eta, tz=app.timezone)
+    return eta if eta > now else None
+
+
+def _run_fenced(task, fence, body, args, kwargs):
+    """The worker's side: the compare-and-set start, the body, the outcome."""
+    from timeouts import events
+    from timeouts.dispatch.publishing import ETA_HEADROOM
+    from timeouts.models import TimeoutTask
+    from timeouts.store import worker_connection
+    from timeouts.store.queries import is_partition_name
+    from timeouts.worker import leases, running
+
+    job_id, action_time, attempt, partition, *rest = fence
+    shard = rest[0] if rest else DEFAULT_DB_ALIAS  # a four-field fence names no shard: the default
+    started_ahead = rest[1] if len(rest) > 1 else None  # by the worker's main process: call_starts.py
+    key = {"job_id": job_id, "action_time": datetime.fromisoformat(action_time)}
+    partition = partition if is_partition_name(partition) else None
+    with worker_connection.used(shard):
+        if started_ahead is not None:
+            # The start may be long past: the call may have waited for a pool process. It runs only
+            # if the start still holds, which the statement checks while the call waits for its eta.
+            row = TimeoutTask._from_row(started_ahead["row"], using=shard)
+            if not running.confirm_start(key, attempt, partition):
+                logger.warning("timeouts: dropped %s[%s] (job %s attempt %s): its start, recorded ahead, no "
+                               "longer holds (its lease ran out while it waited for a process)",
+                               task.name, task.request.id, job_id, attempt)
+                raise Ignore()
+        else:
+            # Not started ahead (received late, or the main process's start did not answer in
+            # time): a call claimed ahead still reaches its pool process ETA_HEADROOM before its
+            # eta, its start is recorded then, and start() returns at the eta by the database clock.
+            row = running.start(key, attempt, 0.0, partition, ahead=ETA_HEADROOM.total_seconds())
+            if row is None:
+                logger.info("timeouts: dropped a stale message of %s[%s] (job %s attempt %s)",
+                            task.name, task.request.id, job_id, attempt)
+                raise Ignore()
+    lease = leases.heartbeat.add(shard, key, attempt, row.ttr)
+    end = partial(_end, row, shard, key, attempt, partition, lease=lease)
+    try:
+        if started_ahead is not None:
+            _wait_until(started_ahead["not_before"], row)
+        events.started(row, attempt)
+        result = body(*args, **kwargs)
+    except Retry as exc:
+        end(row.Status.DONE, f"retried: {exc}")
+        raise
+    except Ignore:  # the task asked Celery to record nothing (Task.replace() does so too)
+        end(row.Status.DONE, "")
+        raise
+    except Reject as exc:
+        # Rejected, also when a retry could not be sent: the call did not complete. A message
+        # Celery requeues would find its row ended, so the row is left for an operator to requeue.
+        end(row.Status.DEAD, f"rejected: {exc.reason!r}")
+        raise
+    except BaseException as exc:
+        if not running.stops_the_worker(exc):  # a sys.exit() of the task's own is its failure too
+            end(row.Status.DEAD, traceback.format_exc())
+        raise
+    else:
+        end(row.Status.DONE, "")
+        return result
+    finally:  # also when the worker is shutting down (SystemExit): its lease then runs out
+        leases.heartbeat.remove(lease)
+
+
+def _wait_until(not_before, row):
+    """Until the call's run_at by the database clock (`not_before`, in time.monotonic()), then its
+    started_at: its start was recorded as at run_at, but the body starts now, later if it waited for a
+    process. That is its lateness, and its started_at once its outcome is recorded."""
+    wait = not_before - time.monotonic()
+    if wait > 0:
+        time.sleep(wait)
+    row.started_at = row.run_at + timedelta(seconds=max(0.0, time.monotonic() - not_before))
+
+
+def _end_timed_out(task_id, exc):
+    from timeouts import events
+    from timeouts.store import worker_connection
+    from timeouts.store.queries import fetch_dicts
+
+    try:
+        with worker_connection.used(shards.hashed(task_id).alias):  # where celery_calls.store() put it
+            rows = fetch_dicts("end_timed_out_call", {"task_id": task_id, "error": f"killed: {exc!r}"})
+    except Exception:
+        logger.exception("timeouts: could not record that call %s was killed at its time limit", task_id)
+        return
+    for row in rows:
+        events.emit("dead", row["biz_type"])
+
+
+def _end(row, shard, key, attempt, partition, status, error, lease=None):
+    """Record the outcome; a failure to record it is logged, not raised: the task's own outcome
+    stands, and the row's lease runs out (the call runs again: at least once)."""
+    from timeouts import events
+    from timeouts.store import worker_connection
+    from timeouts.worker import leases, running
+
+    leases.heartbeat.remove(lease)
+    params = {**key, "attempt": attempt, "status": int(status), "error": running.error_text(error),
+              "started_at": row.started_at}
+    try:
+        with worker_connection.used(shard):
+            matched = running.record_outcome("end_call", params, partition)
+    except Exception:
+        logger.exception("timeouts: could not record the outcome of %s", row)
+        return
+    if matched is None:
+        logger.warning("timeouts: %s finished after its lease expired", row)
+        return
+    events.ran(row, "done" if status == row.Status.DONE else "dead")

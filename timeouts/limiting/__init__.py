@@ -1,0 +1,1 @@
+"""Limits and pauses per biz_type, and each shard's part of them."""

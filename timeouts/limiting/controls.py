@@ -1,0 +1,110 @@
+"""Limits and pauses per biz_type: how many handler starts per second, how many running at once,
+and whether any is claimed at all.
+
+They live in the `timeouts_limits` table (sql/migrations/0001_limits.sql), one row per biz_type
+that has any, and the claim (`claim_due` in sql/queries.sql) reads them in the statement that claims: a task held
+back by a limit or a pause waits in the table, PENDING, and is claimed once it may start (late,
+never lost, never early). So a change is in force at the next claim of every dispatcher and scan,
+survives restarts, and holds however many of them run.
+
+A handler's own values (`@timeouts.handler(rate_limit=, concurrency=)`) live in code, which the
+database cannot read: `declare()` writes the values of the handlers this process knows into the
+table. The scan runs it before it claims and each dispatcher when it starts, so a deploy's values
+are in force within SCAN_INTERVAL. Passing them with every claim instead would hand each claim the
+values of whichever version of the code its process runs, and the token bucket of a rate limit
+needs a row of the table anyway. `set_limits()` overrides them until `reset_limits()`.
+"""
+
+from dataclasses import dataclass
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from timeouts.conf import notify_params
+from timeouts.errors import InvalidOption
+from timeouts.registry import check_known, find_handler, registered
+from timeouts.storage import shards
+from timeouts.store import worker_connection
+from timeouts.store.queries import execute, fetch_dicts, fetch_one
+from timeouts.validation import check_concurrency, check_rate_limit
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What is in force for a biz_type: at most `rate_limit` handler starts per second and
+    `concurrency` tasks running at once (None: no limit), and whether it is paused."""
+
+    rate_limit: float | None = None
+    concurrency: int | None = None
+    paused: bool = False
+
+
+def limits(biz_type, *, using=DEFAULT_DB_ALIAS) -> Limits:
+    """The limits in force for `biz_type` now: `set_limits()`' override, else the handler's own."""
+    check_known(biz_type)
+    row = fetch_one("limits_of", {"biz_type": biz_type}, using=connections[using])
+    if row is None:
+        # Nothing stored yet: the handler's own values, which the next scan declares.
+        rate_limit, concurrency = _declared(biz_type)
+        return Limits(rate_limit, concurrency, False)
+    return Limits(row["rate_limit"], row["concurrency"], row["paused"])
+
+
+def set_limits(biz_type, rate_limit=None, concurrency=None, *, using=None) -> None:
+    """Replace the handler's own limits of `biz_type` with these (None: no limit), in the database,
+    until the next set_limits() or reset_limits(). In force at every claimer's next claim. A rate
+    from one start a day to a million a second, a concurrency from 1 to a million (validation.py);
+    else InvalidOption, and nothing is stored."""
+    check_known(biz_type)
+    rate_limit, concurrency = check_rate_limit(rate_limit, InvalidOption), check_concurrency(concurrency, InvalidOption)
+    _change("override_limits", biz_type, using, rate_limit=rate_limit, concurrency=concurrency)
+
+
+def reset_limits(biz_type, *, using=None) -> None:
+    """Drop set_limits()' override of `biz_type`: the handler's own limits are in force again."""
+    check_known(biz_type)
+    _change("reset_limits", biz_type, using)
+
+
+def pause(biz_type, *, using=None) -> None:
+    """No task of `biz_type` is claimed until resume(); tasks already claimed or running finish as
+    usual. Its due tasks wait, PENDING, and count as late."""
+    check_known(biz_type)
+    _change("pause_biz_type", biz_type, using, paused=True)
+
+
+def resume(biz_type, *, using=None) -> None:
+    """Undo pause(): the due tasks of `biz_type` are claimed again, oldest first, within its limits."""
+    check_known(biz_type)
+    _change("pause_biz_type", biz_type, using, paused=False)
+
+
+def declare(connection=None) -> int:
+    """Write the limits that this process's handlers declare into the table, where they differ
+    from what is stored (one read when nothing changed), on `connection` (default: the one
+    timeouts' statements use in this thread). Returns how many biz_types changed."""
+    declared = {biz_type: (handler.rate_limit, handler.concurrency) for biz_type, handler in registered().items()}
+    connection = connection or worker_connection.current()
+    stored = {row["biz_type"]: (row["declared_rate_limit"], row["declared_concurrency"])
+              for row in fetch_dicts("declared_limits", using=connection)}
+    changed = {biz_type: values for biz_type, values in declared.items()
+               if stored.get(biz_type, (None, None)) != values}
+    if changed:
+        execute("declare_limits", {"biz_types": list(changed),
+                                   "rate_limits": [rate for rate, _ in changed.values()],
+                                   "concurrencies": [concurrency for _, concurrency in changed.values()]},
+                using=connection).close()
+    return len(changed)
+
+
+def _declared(biz_type):
+    handler = find_handler(biz_type)
+    return (None, None) if handler is None else (handler.rate_limit, handler.concurrency)
+
+
+def _change(query, biz_type, using, **values):
+    """The change on `using`, else on every shard (each shard's claims read its own table)."""
+    rate_limit, concurrency = _declared(biz_type)
+    params = {"biz_type": biz_type, "declared_rate_limit": rate_limit, "declared_concurrency": concurrency,
+              **values, **notify_params()}
+    for alias in shards.aliases() if using is None else (using,):
+        execute(query, params, using=connections[alias]).close()

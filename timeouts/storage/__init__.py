@@ -1,0 +1,1 @@
+"""Where tasks live: time partitions, shards, moving slots between shards."""

@@ -1,0 +1,202 @@
+"""Creating tasks: `schedule()` one at a time, `bulk_schedule()` many in one COPY.
+
+Input is validated completely before the first statement, so a rejected call stores nothing.
+Both run in the caller's transaction when there is one: a rollback means the task never existed.
+With several shards, a call inside a transaction whose task goes to a shard outside it is refused
+(shards.require_transaction()).
+"""
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import connections, transaction
+
+from timeouts import events, validation
+from timeouts.conf import get_settings, notify_params
+from timeouts.errors import TaskConflict, TimeoutsError
+from timeouts.registry import get_handler
+from timeouts.states import WAITING
+from timeouts.storage import shards
+from timeouts.store.queries import execute, fetch_dicts, fetch_one, fetch_values
+
+# First key of the two-key advisory lock, so our locks cannot collide with the host's one-key locks.
+ADVISORY_LOCK_NAMESPACE = 0x74696D65  # "time"
+
+COPY_COLUMNS = ("biz_type", "biz_id", "action_time", "run_at", "attribute", "max_attempts", "ttr")
+
+
+@dataclass(frozen=True)
+class NewTask:
+    biz_type: str
+    biz_id: str
+    at: object  # aware UTC datetime, or None when delay is set
+    delay: timedelta | None
+    attribute: str  # JSON text
+    max_attempts: int
+    ttr: int
+    on_conflict: str | None
+
+    def params(self, slot: int | None = None):
+        """insert_task's parameters; `slot`: the task's (shards.place()), by default its biz_id's."""
+        return {
+            "slot": shards.slot_of(self.biz_id) if slot is None else slot,
+            "biz_type": self.biz_type,
+            "biz_id": self.biz_id,
+            "at": self.at,
+            "delay": self.delay,
+            "attribute": self.attribute,
+            "max_attempts": self.max_attempts,
+            "ttr": self.ttr,
+            **notify_params(),
+        }
+
+
+def prepare(biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=None) -> NewTask:
+    settings = get_settings()
+    handler = get_handler(biz_type)
+    at, delay = validation.action_time(at, delay)
+    return NewTask(
+        biz_type=biz_type,
+        biz_id=validation.biz_id(biz_id),
+        at=at,
+        delay=delay,
+        attribute=validation.attribute(attribute, settings.MAX_ATTRIBUTE_BYTES),
+        max_attempts=handler.max_attempts or settings.DEFAULT_MAX_ATTEMPTS,
+        ttr=handler.ttr or settings.DEFAULT_TTR,
+        on_conflict=validation.on_conflict(on_conflict),
+    )
+
+
+def schedule(model, biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=None, using=None):
+    """`using`: the shard, when the caller chose it; else the one the task's key belongs to."""
+    new = prepare(biz_type, biz_id, at=at, delay=delay, attribute=attribute, on_conflict=on_conflict)
+    where = shards.place(new.biz_type, new.biz_id, using)
+    _require_transaction([where.alias], f"the task {new.biz_type}:{new.biz_id}", chosen=using is not None)
+    if new.on_conflict is None:
+        return events.scheduled(_insert(model, new, where, connections[where.alias]), where.alias)
+    with transaction.atomic(using=where.alias):
+        task, _created = _schedule_keyed(model, new, where)
+    return task
+
+
+def _schedule_keyed(model, new: NewTask, where: shards.Place):
+    """At most one waiting task per (biz_type, biz_id), race-free across processes.
+
+    Returns (task, created).
+    The advisory lock is held until the surrounding transaction ends, so a concurrent caller for the
+    same key waits, then sees this task. (It relies on READ COMMITTED, Django's default: each
+    statement sees what committed before it started.)
+    """
+    using = where.alias
+    connection = connections[using]
+    key = {"biz_type": new.biz_type, "biz_id": new.biz_id}
+    execute("lock_biz_key", {"namespace": ADVISORY_LOCK_NAMESPACE, **key}, using=connection).close()
+    waiting = fetch_dicts("waiting_tasks_for_key", key, using=connection)
+    if waiting:
+        if new.on_conflict == "error":
+            first = waiting[0]
+            raise TaskConflict(
+                f"{new.biz_type}:{new.biz_id} already has a task waiting to run "
+                f"(job_id {first['job_id']}, due {first['action_time'].isoformat()})"
+            )
+        if new.on_conflict == "keep":
+            return model._from_row(waiting[0], using), False
+        replaced = execute("cancel_by_key", {**key, "statuses": list(WAITING)}, using=connection)
+        events.cancelled_rows(new.biz_type, replaced, using)
+    return events.scheduled(_insert(model, new, where, connection), using), True
+
+
+def _insert(model, new: NewTask, where: shards.Place, connection):
+    """INSERT one task; returns it as stored: the query returns what the database decided, the call
+    gives the rest. A statement that is its own transaction notifies without the once-per-transaction
+    function (insert_task_autocommit)."""
+    query = "insert_task_autocommit" if connection.get_autocommit() else "insert_task"
+    row = fetch_values(query, new.params(where.slot), using=connection)
+    job_id, action_time, attribute, created_at, _notified = row
+    return model._inserted(
+        connection.alias, job_id=job_id, biz_type=new.biz_type, biz_id=new.biz_id, action_time=action_time,
+        attribute=attribute, max_attempts=new.max_attempts, ttr=new.ttr, created_at=created_at,
+    )
+
+
+def bulk_schedule(model, items, *, using=None) -> int:
+    """Schedule every item or none; returns how many tasks were created. Input is checked before
+    anything is written. With several shards, each shard's tasks are written in a transaction of
+    that shard, all committed together at the end: only a shard that fails at its own commit can
+    leave the others' tasks stored. `using`: one shard for all, when the caller chose it."""
+    if isinstance(items, (str, bytes, dict)) or not hasattr(items, "__iter__"):
+        raise TimeoutsError(f"bulk_schedule() takes an iterable of dicts, got {type(items).__name__}")
+    prepared = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise TimeoutsError(f"item {index}: expected a dict of schedule() arguments, got {type(item).__name__}")
+        try:
+            prepared.append(prepare(**item))
+        except TypeError as exc:  # unexpected or missing keys
+            raise TimeoutsError(f"item {index}: {exc}") from None
+        except TimeoutsError as exc:
+            raise type(exc)(f"item {index}: {exc}") from None
+    if not prepared:
+        return 0
+    by_shard = {}
+    for new in prepared:
+        where = shards.place(new.biz_type, new.biz_id, using)
+        by_shard.setdefault(where.alias, []).append((new, where))
+    _require_transaction(by_shard, f"part of bulk_schedule()'s {len(prepared)} task(s)", chosen=using is not None)
+    with ExitStack() as transactions:
+        for alias in by_shard:
+            transactions.enter_context(transaction.atomic(using=alias))
+        return sum(_bulk_schedule_on(model, alias, placed) for alias, placed in by_shard.items())
+
+
+def _require_transaction(aliases, what, *, chosen):
+    """Refused when a task would go to a shard outside the caller's transaction; `chosen`: the
+    caller named the shard (TimeoutTask.objects.using())."""
+    router = get_settings().SHARD_ROUTER
+    if chosen:
+        remedy = "name the database of your transaction in TimeoutTask.objects.using()"
+    elif router is None:
+        remedy = "set TIMEOUTS['SHARD_ROUTER'] to a function that keeps tasks on the database of your transaction"
+    else:
+        remedy = f"make TIMEOUTS['SHARD_ROUTER'] ({router}) keep them on the database of your transaction"
+    shards.require_transaction(aliases, what, remedy)
+
+
+def _bulk_schedule_on(model, alias, placed) -> int:
+    """One shard's part of bulk_schedule(), inside its transaction."""
+    connection = connections[alias]
+    plain = [(new, where) for new, where in placed if new.on_conflict is None]
+    created = 0
+    if plain:
+        earliest = _copy(plain, connection)
+        execute("notify_deadline", {"deadline": earliest, **notify_params()}, using=connection).close()
+        created += len(plain)
+        events.scheduled_batch((new.biz_type for new, _ in plain), alias)
+    for new, where in placed:
+        if new.on_conflict is not None:
+            _task, was_created = _schedule_keyed(model, new, where)
+            created += was_created
+    return created
+
+
+def _copy(rows, connection):
+    """COPY the rows in; returns the earliest action_time, for the one NOTIFY of the batch."""
+    now = earliest = None
+    if any(new.delay is not None for new, _ in rows):
+        # One reading of the database clock for the whole batch.
+        now = fetch_one("database_now", using=connection)["now"]
+    job_ids = _job_ids(connection, [where.slot for _, where in rows])
+    statement = f"COPY timeouts_task ({', '.join(('job_id', *COPY_COLUMNS))}) FROM STDIN"
+    with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
+        for (new, _), job_id in zip(rows, job_ids, strict=True):
+            at = new.at if new.delay is None else now + new.delay
+            copy.write_row((job_id, new.biz_type, new.biz_id, at, at, new.attribute, new.max_attempts, new.ttr))
+            earliest = at if earliest is None else min(earliest, at)
+    return earliest
+
+
+def _job_ids(connection, slots) -> list[int]:
+    """The job_ids of new tasks in these slots, as insert_task makes them (shards.py)."""
+    values = fetch_one("next_job_ids", {"count": len(slots)}, using=connection)["values"]
+    return [value * shards.SLOTS + slot for value, slot in zip(values, slots, strict=True)]

@@ -1,0 +1,66 @@
+"""State changes asked for by users: cancel, reschedule, requeue.
+
+Each is one conditional UPDATE on (job_id, action_time), so it prunes to one partition and row
+locking orders it against the worker's compare-and-set: whichever commits first wins, the other
+matches nothing. When nothing matched, the row is read again: it may only have moved to another
+partition under us (a reschedule, or maintenance moving rows out of DEFAULT), and then the change
+is tried again where the row is now.
+"""
+
+from functools import partial
+
+from django.db import connections
+
+from timeouts import events, validation
+from timeouts.conf import notify_params
+from timeouts.registry import check_known
+from timeouts.states import CANCELLABLE, REQUEUEABLE, WAITING
+from timeouts.storage import shards
+from timeouts.store.queries import fetch_dicts, fetch_one
+from timeouts.store.serialization import retry_on_conflict
+
+MOVES_FOLLOWED = 3
+
+
+def _change(task, query, allowed_from, extra=None) -> bool:
+    using = task._state.db or "default"
+    connection = connections[using]
+    for _ in range(MOVES_FOLLOWED):
+        params = {"job_id": task.job_id, "action_time": task.action_time, **(extra or {})}
+        row = retry_on_conflict(partial(fetch_one, query, params, using=connection), using=using)
+        if row is not None:
+            task._apply_row(row)
+            return True
+        current = fetch_one("find_task", {"job_id": task.job_id}, using=connection)
+        if current is None:
+            return False  # its partition was dropped
+        task._apply_row(current)
+        if current["status"] not in allowed_from:
+            return False
+    return False
+
+
+def cancel(task) -> bool:
+    """True only if the handler will never run: the task was PENDING, DISPATCHED (claimed, but its
+    worker's compare-and-set had not happened) or DEAD."""
+    return events.cancelled_task(task, _change(task, "cancel_task", CANCELLABLE))
+
+
+def reschedule(task, *, at=None, delay=None) -> bool:
+    at, delay = validation.action_time(at, delay)
+    return _change(task, "reschedule_task", WAITING, {"at": at, "delay": delay, **notify_params()})
+
+
+def requeue(task) -> bool:
+    return _change(task, "requeue_task", REQUEUEABLE, notify_params())
+
+
+def cancel_by_key(biz_type, biz_id, *, using=None) -> int:
+    """On `using`, else on the shard of (biz_type, biz_id). A biz_type that this deployment has no
+    tasks of (a typo) raises UnknownBizType rather than cancel nothing: the task would run."""
+    params = {"biz_type": check_known(biz_type), "biz_id": validation.biz_id(biz_id),
+              "statuses": list(CANCELLABLE)}
+    using = using or shards.alias_of_key(params["biz_type"], params["biz_id"])
+    connection = connections[using]
+    rows = retry_on_conflict(lambda: fetch_dicts("cancel_by_key", params, using=connection), using=using)
+    return events.cancelled(biz_type, len(rows), using)
