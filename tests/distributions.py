@@ -2,8 +2,8 @@
 
 `built(tmp_path_factory)` runs `python -m build` once per test process: the sdist, then the wheel
 built from that sdist, as a release uploads them. It builds from a copy of the sources that git
-knows (committed or new, not ignored), never from the working tree: a stale `build/` or
-`*.egg-info` there would leak into the wheel files that no longer exist.
+knows (committed or new, not ignored), never from the working tree, whose stale `build/` or
+`*.egg-info` could bring files that no longer exist into the wheel.
 
 `fresh_venv(path, wheel, extras)` installs the wheel and its dependencies into a new virtualenv, at
 the versions this environment has (its leg's pins), which pip's cache holds.

@@ -5,6 +5,7 @@ templates and py.typed with its code), nothing of the repository around it, and 
 import email.parser
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
@@ -46,8 +47,6 @@ def test_the_sdist_holds_what_builds_the_wheel_and_nothing_of_the_repository(bui
 
 
 def test_the_wheel_metadata_names_the_dependencies_and_extras(built):
-    import zipfile
-
     with zipfile.ZipFile(built.wheel) as archive:
         [metadata] = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
         meta = email.parser.Parser().parsestr(archive.read(metadata).decode())
