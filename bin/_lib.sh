@@ -103,8 +103,12 @@ setup_services() {
     SERVICES_PYTHON=$4
 }
 
-# Stop the embedded PostgreSQL and Valkey if this run started them (call on EXIT).
+# Stop the embedded PostgreSQL and Valkey, and the newest PostgreSQL, if this run started them (call on EXIT).
 stop_fallbacks() {
+    if [ "${NEWER_PG_STARTED:-}" = 1 ]; then
+        "${SERVICES_PYTHON:-python3}" "$SERVICES" stop-newer-pg || true
+        unset NEWER_PG_STARTED
+    fi
     if [ "${TIMEOUTS_VALKEY_STARTED:-}" = 1 ]; then
         "${SERVICES_PYTHON:-python3}" "$SERVICES" stop-valkey || true
         unset TIMEOUTS_VALKEY_STARTED

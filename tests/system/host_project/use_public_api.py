@@ -1,6 +1,9 @@
 """Every call of the documented public API, from a host project that only has the installed app."""
 
+import importlib.metadata
+import importlib.util
 import os
+import sysconfig
 from datetime import UTC, datetime, timedelta
 
 import django
@@ -16,7 +19,9 @@ import timeouts  # noqa: E402
 import timeouts.celery  # noqa: E402
 from timeouts.models import TimeoutTask  # noqa: E402
 
-assert "/tests/host_project" not in timeouts.__file__, "timeouts must come from the installed wheel"
+assert timeouts.__file__.startswith(sysconfig.get_paths()["purelib"]), f"not the installed wheel: {timeouts.__file__}"
+assert importlib.metadata.version("django-timeouts") == timeouts.__version__
+call_command("check", fail_level="ERROR")
 call_command("migrate", verbosity=0)
 Status = TimeoutTask.Status
 now = datetime.now(UTC)
@@ -78,4 +83,10 @@ assert set(timeouts.celery.beat_schedule()) == {"timeouts.scan", "timeouts.maint
 from hostsite.celery import app  # noqa: E402
 
 assert {"timeouts.scan", "timeouts.maintain"} <= set(app.conf.beat_schedule)  # merged by setup(app)
+# Installed without [prometheus]: the metrics view says what to install rather than fail.
+from timeouts.metrics import metrics_view  # noqa: E402
+
+assert importlib.util.find_spec("prometheus_client") is None
+response = metrics_view(None)
+assert response.status_code == 501 and b'pip install "django-timeouts[prometheus]"' in response.content
 print("PUBLIC API OK")
