@@ -104,6 +104,48 @@ WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status IN (:CANC
 RETURNING timeouts_task.*, timeouts_notify_v1(%(channel)s, c.now, c.now) AS notified;
 
 
+-- part: pending_types
+-- The recursive CTE `pending_types`: every biz_type with PENDING tasks, with its oldest run_at.
+--
+-- Read by the claim and by the dispatcher's claimable_deadline, each of which says when it needs it
+-- (a condition on it that involves none of its columns: PostgreSQL then does not run it at all when
+-- that is false). A loose index scan of timeouts_task_due_by_type that steps from one biz_type to
+-- the next, one probe per partition each, however many tasks wait (SELECT DISTINCT would read them
+-- all). Ordered by (biz_type, run_at) after a range of biz_types, each step is served by that index
+-- only, whatever the statistics say. Not limited to due partitions: a condition on action_time is
+-- not in the index, and would read every future task of the current partition. Its first row, ''
+-- (before any biz_type), has no `oldest`.
+pending_types AS (
+    SELECT ''::varchar AS biz_type, NULL::timestamptz AS oldest
+    UNION ALL
+    SELECT next.biz_type, next.run_at
+    FROM pending_types AS p
+    CROSS JOIN LATERAL (
+        SELECT t.biz_type, t.run_at FROM timeouts_task AS t
+        WHERE t.status = :PENDING AND t.biz_type > p.biz_type
+        ORDER BY t.biz_type, t.run_at LIMIT 1
+    ) AS next
+)
+
+
+-- part: oldest_due_tasks
+-- A LATERAL subquery of the claim: the oldest due tasks of `w.biz_type`, at most `w.take`, locked.
+--
+-- The index scan's LIMIT counts only rows it could lock (SKIP LOCKED), so any number of claimers
+-- take different tasks. The row comparison bounds the scan in the (biz_type, run_at) index, which
+-- no other index can use: the run_at one would read the other biz_types' due tasks to find these,
+-- the admin's (biz_type, action_time) one sort all of theirs. Implied by run_at >= action_time,
+-- action_time <= due_by is spelled out so future partitions are pruned.
+SELECT t.job_id, t.action_time, t.tableoid, t.ctid, t.run_at
+FROM timeouts_task AS t
+WHERE t.status = :PENDING AND t.biz_type = w.biz_type
+  AND (t.biz_type, t.run_at) <= (w.biz_type, (SELECT due_by FROM clock))
+  AND t.action_time <= (SELECT due_by FROM clock)
+ORDER BY t.run_at
+LIMIT w.take
+FOR UPDATE SKIP LOCKED
+
+
 -- name: claim_due
 -- The one claim used by the scan and by the dispatcher: due tasks (or due within `lead` seconds),
 -- shared fairly among the biz_types that have any, oldest first within each, within the limits
@@ -147,27 +189,11 @@ budget AS (
     SELECT CASE WHEN saturated THEN 0 ELSE greatest(0, least(%(limit)s, %(max_dispatched)s - n)) END AS n
     FROM dispatched
 ),
--- Every biz_type with PENDING tasks, in any partition, with its oldest one: a loose index scan
--- of timeouts_task_due_by_type that steps from one biz_type to the next, one probe per partition
--- each, however many tasks wait (SELECT DISTINCT would read them all). Ordered by (biz_type,
--- run_at) after a range of biz_types, each step is served by that index only, whatever the
--- statistics say. Not limited to due partitions: a condition on action_time is not in the index,
--- and would read every future task of the current partition.
-pending_types AS (
-    SELECT ''::varchar AS biz_type, NULL::timestamptz AS oldest  -- before any biz_type
-    WHERE (SELECT n FROM budget) > 0
-    UNION ALL
-    SELECT next.biz_type, next.run_at
-    FROM pending_types AS p
-    CROSS JOIN LATERAL (
-        SELECT t.biz_type, t.run_at FROM timeouts_task AS t
-        WHERE t.status = :PENDING AND t.biz_type > p.biz_type
-        ORDER BY t.biz_type, t.run_at LIMIT 1
-    ) AS next
-),
--- Those with a due task.
+{pending_types},
+-- Those with a due task, when the claim may take any.
 due_types AS (
-    SELECT biz_type, oldest FROM pending_types WHERE oldest <= (SELECT due_by FROM clock)
+    SELECT biz_type, oldest FROM pending_types
+    WHERE oldest <= (SELECT due_by FROM clock) AND (SELECT n FROM budget) > 0
 ),
 -- The limits in force of the due biz_types (timeouts_limits; isolation.py), as this statement's
 -- snapshot sees them, then the rows of the limited ones locked, skipping a row another claimer
@@ -178,22 +204,12 @@ due_types AS (
 -- one another, each seeing every claim before it, however many claimers run. On one of several
 -- shards, this shard's part of each limit (sql/migrations/0001_limits.sql): the claims of every
 -- shard together stay within the deployment's limit. Each limit is read as within the bounds the
--- API accepts (timeouts/validation.py: a rate from one start a day to a million a second, a
--- concurrency up to a million) and a rate's part as at least a millionth of it (the scan writes
--- none below a tenth of an even part), as claimable_deadline reads them: a row written by hand
--- past them cannot take this statement's arithmetic out of range, which would stop the claims of
--- every biz_type on this shard. CASE rather than least() and greatest(), which would turn NULL
--- (no limit, an even part) into a bound.
+-- API accepts (the functions see to it), as claimable_deadline reads them.
 seen AS MATERIALIZED (
     SELECT l.biz_type, l.xmin AS version, l.paused,
-           timeouts_rate_part(CASE WHEN l.rate_limit_in_force < 1.0 / 86400 THEN 1.0 / 86400
-                                   WHEN l.rate_limit_in_force > 1e6 THEN 1e6 ELSE l.rate_limit_in_force END,
-                              CASE WHEN l.rate_share < 1e-6 THEN 1e-6 ELSE l.rate_share END,
-                              %(shard_count)s::integer) AS rate_limit,
-           timeouts_concurrency_part(CASE WHEN l.concurrency_in_force > 1000000 THEN 1000000
-                                          ELSE l.concurrency_in_force END,
-                                     l.concurrency_share, %(shard_index)s::integer, %(shard_count)s::integer)
-               AS concurrency
+           timeouts_rate_part(l.rate_limit_in_force, l.rate_share, %(shard_count)s::integer) AS rate_limit,
+           timeouts_concurrency_part(l.concurrency_in_force, l.concurrency_share, %(shard_index)s::integer,
+                                     %(shard_count)s::integer) AS concurrency
     FROM timeouts_limits AS l JOIN due_types USING (biz_type)
 ),
 limited AS (
@@ -216,13 +232,9 @@ in_flight AS (
       AND EXISTS (SELECT FROM limited WHERE concurrency IS NOT NULL)
     GROUP BY biz_type
 ),
--- How many each due biz_type may have now (NULL: no limit). The rate limit is a token bucket:
--- `available` claims, refilled at the rate since the last claim, up to `burst`: a twentieth of a
--- second's worth (and at least one, so a rate below 20/s can claim at all). Small, so the starts
--- of a backlog are spread evenly, never more than the rate in any second (a bucket of one second's
--- worth would let twice the rate through in the first); large enough that the claims that pace
--- them come at most twenty a second (claimable_deadline wakes a dispatcher when the bucket is
--- full). Its clock is due_by, as for the tasks: a dispatcher claims a lead ahead what falls due
+-- How many each due biz_type may have now (NULL: no limit): what its rate limit's token bucket
+-- holds (`available`, sql/migrations/0001_limits.sql), within what its concurrency limit leaves.
+-- The bucket's clock is due_by, as for the tasks: a dispatcher claims a lead ahead what falls due
 -- within the lead, a claim included; and it never runs backwards (`spent`), so claimers with
 -- different leads are never given a claim twice.
 allowed AS (
@@ -235,14 +247,9 @@ allowed AS (
     LEFT JOIN limited USING (biz_type)
     LEFT JOIN locked USING (biz_type)
     LEFT JOIN in_flight USING (biz_type)
-    CROSS JOIN LATERAL (SELECT greatest(limited.rate_limit / 20, 1) AS burst) AS bucket
     CROSS JOIN LATERAL (
-        SELECT CASE WHEN limited.rate_limit IS NULL THEN NULL
-                    WHEN locked.refilled_at IS NULL THEN bucket.burst
-                    ELSE least(bucket.burst, locked.tokens
-                               + limited.rate_limit
-                                 * greatest(0, extract(epoch FROM (SELECT due_by FROM clock) - locked.refilled_at)))
-               END AS available
+        SELECT timeouts_bucket_tokens(limited.rate_limit, locked.tokens, locked.refilled_at,
+                                      (SELECT due_by FROM clock)) AS available
     ) AS b
 ),
 -- The claim shared equally among the biz_types that may have any, the remainder to the ones
@@ -256,25 +263,13 @@ shares AS (
          LATERAL (SELECT least(a.n, budget.n / a.types
                                     + CASE WHEN a.rank <= budget.n %% a.types THEN 1 ELSE 0 END) AS share) AS q
 ),
--- Each share, oldest first: the index scan's LIMIT counts only rows it could lock (SKIP LOCKED),
--- so any number of claimers take different tasks. The row comparison bounds the scan in the
--- (biz_type, run_at) index, which no other index can use: the run_at one would read the other
--- biz_types' due tasks to find these, the admin's (biz_type, action_time) one sort all of theirs.
--- Implied by run_at >= action_time, action_time <= due_by is spelled out so future partitions
--- are pruned.
+-- Each share, oldest first (oldest_due_tasks, above).
 first_round AS (
-    SELECT s.biz_type, c.*
-    FROM shares AS s CROSS JOIN LATERAL (
-        SELECT t.job_id, t.action_time, t.tableoid, t.ctid, t.run_at
-        FROM timeouts_task AS t
-        WHERE t.status = :PENDING AND t.biz_type = s.biz_type
-          AND (t.biz_type, t.run_at) <= (s.biz_type, (SELECT due_by FROM clock))
-          AND t.action_time <= (SELECT due_by FROM clock)
-        ORDER BY t.run_at
-        LIMIT s.share
-        FOR UPDATE SKIP LOCKED
+    SELECT w.biz_type, c.*
+    FROM (SELECT biz_type, share AS take FROM shares WHERE share > 0) AS w
+    CROSS JOIN LATERAL (
+        {oldest_due_tasks}
     ) AS c
-    WHERE s.share > 0
     LIMIT 5000
 ),
 -- What the biz_types that had fewer due tasks than their share left, shared among those that
@@ -295,18 +290,11 @@ hungry AS (
                                + CASE WHEN h.rank2 <= h.shortfall %% h.types2 THEN 1 ELSE 0 END) AS extra) AS q
 ),
 second_round AS (
-    SELECT h.biz_type, c.*
-    FROM hungry AS h CROSS JOIN LATERAL (
-        SELECT t.job_id, t.action_time, t.tableoid, t.ctid, t.run_at
-        FROM timeouts_task AS t
-        WHERE t.status = :PENDING AND t.biz_type = h.biz_type
-          AND (t.biz_type, t.run_at) <= (h.biz_type, (SELECT due_by FROM clock))
-          AND t.action_time <= (SELECT due_by FROM clock)
-        ORDER BY t.run_at
-        LIMIT h.share + h.extra
-        FOR UPDATE SKIP LOCKED
+    SELECT w.biz_type, c.*
+    FROM (SELECT biz_type, share + extra AS take FROM hungry WHERE extra > 0) AS w
+    CROSS JOIN LATERAL (
+        {oldest_due_tasks}
     ) AS c
-    WHERE h.extra > 0
     LIMIT 5000
 ),
 -- At most each biz_type's allowance and the budget, round by round: every biz_type's first task,
