@@ -1,18 +1,21 @@
--- Limits across shards: setting each shard's part of a biz_type's limits (timeouts/limit_shares.py;
+-- Limits across shards: setting each shard's part of a biz_type's limits (timeouts/limiting/shares.py;
 -- the columns: sql/migrations/0001_limits.sql). Run by the scan, a few statements per shard per
 -- scan.
 
 
 -- name: limit_demand
 -- The biz_types a limit holds back here (paused ones are held whole on every shard), with the limits
--- in force, this shard's parts of them, and what its parts must cover: its tasks claimed or running,
+-- in force, this shard's parts of them (the concurrency's also in tasks, as its claims read it: the
+-- shard's `shard_index`), and what its parts must cover: its tasks claimed or running,
 -- and its tasks due within `horizon` seconds, counted up to `cap` along timeouts_task_due_by_type
 -- (the biz_type only inside row comparisons, so no other index serves the order: see
 -- count_overdue_of_biz_type). Claimed or running tasks are counted for every biz_type at once,
 -- from the lease index, as claim_due counts them.
 WITH limited AS MATERIALIZED (
     SELECT l.biz_type, l.rate_limit_in_force AS rate_limit, l.concurrency_in_force AS concurrency, l.rate_share,
-           l.concurrency_share
+           l.concurrency_share,
+           timeouts_concurrency_part(l.concurrency_in_force, l.concurrency_share, %(shard_index)s::integer,
+                                     %(shard_count)s::integer) AS concurrency_part
     FROM timeouts_limits AS l
     WHERE NOT l.paused AND (l.rate_limit_in_force IS NOT NULL OR l.concurrency_in_force IS NOT NULL)
 ),
@@ -21,7 +24,7 @@ in_flight AS (
     WHERE status IN (:DISPATCHED, :RUNNING) AND EXISTS (SELECT FROM limited)
     GROUP BY biz_type
 )
-SELECT l.biz_type, l.rate_limit, l.concurrency, l.rate_share, l.concurrency_share,
+SELECT l.biz_type, l.rate_limit, l.concurrency, l.rate_share, l.concurrency_share, l.concurrency_part,
        coalesce(f.n, 0) AS in_flight, d.n AS due
 FROM limited AS l
 LEFT JOIN in_flight AS f USING (biz_type)
