@@ -98,6 +98,29 @@ def test_every_named_query_is_used():
     assert queries.PREPARED <= set(queries.QUERIES) and queries.ON_PARTITION <= set(queries.QUERIES)
 
 
+def test_every_named_query_says_what_it_does():
+    from timeouts.store import queries
+
+    # The line right under each header, one line, then the SQL or a bare `--` before more comment.
+    missing = [name for name, text in queries.QUERIES.items() if queries.description(text) is None]
+    assert not missing, f"named queries without a one-line description under their header: {missing}"
+    missing = [name for name, text in queries.PARTS.items() if queries.description(text) is None]
+    assert not missing, f"SQL parts without a one-line description under their header: {missing}"
+    assert all(text.endswith(".") for text in queries.DESCRIPTIONS.values())
+    # Unique: a query's first line tells its statements apart in captured SQL (test_batches).
+    assert len(set(queries.DESCRIPTIONS.values())) == len(queries.DESCRIPTIONS)
+
+
+def test_a_description_is_one_line():
+    from timeouts.store.queries import description
+
+    assert description("-- Counts them.\nSELECT 1;") == "Counts them."
+    assert description("-- Counts them.\n--\n-- Why, at length.\nSELECT 1;") == "Counts them."
+    assert description("-- Counts them, and this sentence\n-- goes on.\nSELECT 1;") is None
+    assert description("SELECT 1;") is None
+    assert description("--\n-- Counts them.\nSELECT 1;") is None
+
+
 def test_a_part_is_taken_in_where_a_query_names_it():
     from timeouts.store.queries import include, parse
 

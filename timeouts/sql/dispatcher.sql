@@ -2,6 +2,8 @@
 
 
 -- name: nearest_deadline
+-- When the next PENDING task becomes due, beside the database clock.
+--
 -- When the next PENDING task becomes due, and the database clock now, both as Unix epoch seconds
 -- (the NOTIFY payloads use the same unit). min() over the partial index timeouts_task_due is one
 -- index probe per partition (a MinMaxAgg over a Merge Append of index-only scans), however many

@@ -4,6 +4,8 @@
 
 
 -- name: limit_demand
+-- What each limited biz_type needs of its limits on this shard: running and due tasks.
+--
 -- The biz_types a limit holds back here (paused ones are held whole on every shard), with the limits
 -- in force, this shard's parts of them (the concurrency's also in tasks, as its claims read it: the
 -- shard's `shard_index`), and what its parts must cover: its tasks claimed or running,
@@ -42,16 +44,21 @@ ORDER BY l.biz_type;
 
 
 -- name: lock_limits_rows
+-- Locks the limits rows of some biz_types, which holds their claims on this shard.
+--
 -- Holds the claims of these biz_types here (claim_due skips a locked row) while a part is lowered
 -- to what this shard then runs, counted after the lock by in_flight_by_biz_type.
 SELECT biz_type FROM timeouts_limits WHERE biz_type = ANY(%(biz_types)s::varchar[]) ORDER BY biz_type FOR UPDATE;
 
 
 -- name: in_flight_by_biz_type
+-- Counts the claimed or running tasks by biz_type.
 SELECT biz_type, count(*) AS n FROM timeouts_task WHERE status IN (:DISPATCHED, :RUNNING) GROUP BY biz_type;
 
 
 -- name: set_limit_shares
+-- Sets this shard's part of the limits of some biz_types.
+--
 -- NULL keeps a part as it is.
 UPDATE timeouts_limits AS l
 SET rate_share = coalesce(s.rate_share, l.rate_share),

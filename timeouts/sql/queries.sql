@@ -10,6 +10,8 @@
 
 
 -- name: insert_task
+-- Inserts one task and wakes the dispatchers when it is due within their horizon.
+--
 -- One new task, inside a transaction that may do more. With delay=, the database adds it to its
 -- own clock (statement_timestamp(): one value for the whole statement, so action_time = run_at and
 -- created_at = modified_at). Wakes the dispatchers when the task is due within the horizon (one
@@ -38,14 +40,18 @@ SELECT array(SELECT nextval('timeouts_task_job_id_seq') FROM generate_series(1, 
 
 
 -- name: notify_deadline
+-- Wakes the dispatchers for a deadline within their horizon (at most once per transaction).
 SELECT timeouts_notify_v1(%(channel)s, %(deadline)s, clock_timestamp() + %(horizon)s * interval '1 second');
 
 
 -- name: database_now
+-- The database clock, now.
 SELECT clock_timestamp() AS now;
 
 
 -- name: lock_biz_key
+-- Takes a transaction-level advisory lock on one (biz_type, biz_id).
+--
 -- Serialises on_conflict scheduling of one (biz_type, biz_id) until the transaction ends.
 -- Hash collisions only make two keys wait for each other; they never merge them.
 SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(%(biz_type)s || ':' || %(biz_id)s));
@@ -60,6 +66,7 @@ FOR UPDATE;
 
 
 -- name: cancel_by_key
+-- Cancels the tasks of one (biz_type, biz_id) that are in one of `statuses`.
 UPDATE timeouts_task
 SET status = :CANCELLED, finished_at = c.now, modified_at = c.now, lease_until = NULL
 FROM (SELECT clock_timestamp() AS now) AS c
@@ -68,6 +75,8 @@ RETURNING job_id;
 
 
 -- name: cancel_task
+-- Cancels one task that has not started (or discards a DEAD one).
+--
 -- PENDING and DISPATCHED tasks have not started: cancelling them is fenced by the worker's
 -- compare-and-set (which needs status DISPATCHED). DEAD ones are discarded.
 UPDATE timeouts_task
@@ -78,11 +87,15 @@ RETURNING timeouts_task.*;
 
 
 -- name: find_task
+-- Finds one task by its job_id alone.
+--
 -- By job id alone: probes every partition's primary-key index. Only for rare paths.
 SELECT * FROM timeouts_task WHERE job_id = %(job_id)s;
 
 
 -- name: reschedule_task
+-- Moves one waiting task to a new time, back to PENDING, and wakes the dispatchers if due soon.
+--
 -- Changing action_time moves the row to another partition when it crosses a bucket boundary.
 -- Both readings of the clock are in one subquery: a nested subquery for `now` would add its
 -- planning to every call.
@@ -96,6 +109,7 @@ RETURNING timeouts_task.*,
 
 
 -- name: requeue_task
+-- Brings a CANCELLED or DEAD task back to PENDING, due now, with its attempts reset.
 UPDATE timeouts_task
 SET status = :PENDING, action_time = c.now, run_at = c.now, attempts = 0, lease_until = NULL,
     started_at = NULL, finished_at = NULL, modified_at = c.now
@@ -147,6 +161,8 @@ FOR UPDATE SKIP LOCKED
 
 
 -- name: claim_due
+-- Claims the due tasks, shared fairly among biz_types within their limits, and leases them.
+--
 -- The one claim used by the scan and by the dispatcher: due tasks (or due within `lead` seconds),
 -- shared fairly among the biz_types that have any, oldest first within each, within the limits
 -- and pauses of timeouts_limits, skipping rows another claimer or a cancel holds. A claim takes a
@@ -356,6 +372,8 @@ RETURNING timeouts_notify_v1(%(channel)s, t.run_at, c.now + %(horizon)s * interv
 
 
 -- name: start_task
+-- The worker's compare-and-set: starts the attempt of a claimed task (RUNNING, with a lease).
+--
 -- The worker's compare-and-set: only the message of the current dispatch (same attempt number,
 -- still DISPATCHED, due by the database clock) may start the handler. A cancel that committed
 -- first changed the status, so this matches nothing and the handler never runs. The lease is the
@@ -376,12 +394,15 @@ RETURNING timeouts_task.*, c.now AS database_now;
 
 
 -- name: task_state
+-- One task's status, attempts and run_at, beside the database clock.
 SELECT status, attempts, run_at, clock_timestamp() AS now
 FROM timeouts_task
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s;
 
 
 -- name: finish_task
+-- Marks a running attempt DONE.
+--
 -- Committed without waiting for the WAL flush (synchronous_commit off, for this statement's own
 -- transaction only): if a database crash loses it, the task is still RUNNING, its lease runs out
 -- and it runs again: at least once still holds, and the worker saves a disk flush per task. The
@@ -396,6 +417,8 @@ RETURNING job_id;
 
 
 -- name: finish_then_start_task
+-- Marks a batch's previous task DONE and starts its next one, in one statement.
+--
 -- A batch's previous task's DONE (as finish_task, done_ parameters) and its next task's start (as
 -- start_task) in one statement: one round trip and one durable commit, where the two statements
 -- cost a durable commit and one without a flush, which then delays the durable one (docs:
@@ -440,6 +463,8 @@ RETURNING status, timeouts_notify_v1(%(channel)s, CASE WHEN status = :PENDING TH
 
 
 -- name: recover_expired
+-- Takes back claims and runs whose lease ran out: to PENDING, or DEAD if out of attempts.
+--
 -- Claims and runs whose lease ran out: the publisher or the worker died, or the handler overran
 -- its TTR. A claim that never started goes back to PENDING as it was; a started one has used its
 -- attempt, and becomes DEAD if it was the last.
@@ -467,6 +492,8 @@ RETURNING t.job_id, t.status, t.biz_type, timeouts_notify_v1(%(channel)s, CASE W
 -- with "celery:", whose biz_id is the Celery task_id and whose attribute is the call.
 
 -- name: end_claim
+-- Ends a claimed Celery call that is not published: CANCELLED (expired) or DEAD.
+--
 -- A claimed call that is not published, and says why: CANCELLED when its Celery `expires` has
 -- passed, DEAD when its message cannot be made (an operator may requeue it once that is fixed).
 UPDATE timeouts_task
@@ -478,6 +505,8 @@ RETURNING job_id;
 
 
 -- name: end_call
+-- Records a started Celery call's outcome: DONE or DEAD.
+--
 -- A started call's outcome, fenced as finish_task: DONE when the task returned or handed itself on
 -- to a retry (a call of its own), DEAD when it raised (Celery records the failure; an operator may
 -- requeue it). `status` is one of those two. Committed without waiting for the WAL flush, as
@@ -495,6 +524,8 @@ RETURNING job_id;
 
 
 -- name: give_back_call_starts
+-- Gives back Celery calls a worker started ahead and will not run: PENDING, attempt unused.
+--
 -- Calls a worker started ahead (call_starts.py) and will not run: it is shutting down with their
 -- messages still waiting for their eta. Back to PENDING with the attempt unused, as release_claims
 -- gives back a claim, so they are published again at once rather than when their leases run out;
@@ -510,6 +541,8 @@ RETURNING timeouts_notify_v1(%(channel)s, t.run_at, c.now + %(horizon)s * interv
 
 
 -- name: confirm_start
+-- Confirms, right before its body, that a call started ahead still holds, and renews its lease.
+--
 -- Right before the body of a call whose start the worker's main process recorded ahead
 -- (call_starts.py), maybe long before if it waited for a pool process: that start still holds
 -- (RUNNING for this attempt: lease recovery moves a started call on, nothing else does) and its
@@ -526,6 +559,8 @@ RETURNING job_id;
 
 
 -- name: cancel_call
+-- Cancels every waiting call of one Celery task_id.
+--
 -- Every waiting call of one Celery task_id (a retry keeps the task_id), by the (biz_id, biz_type)
 -- index. Fenced by the worker's compare-and-set as cancel_task is.
 UPDATE timeouts_task
@@ -536,6 +571,8 @@ RETURNING job_id, biz_type;
 
 
 -- name: end_timed_out_call
+-- Marks DEAD the running call of a Celery task_id killed at its hard time limit.
+--
 -- A started call that Celery killed at its hard time limit (the worker's main process reports it,
 -- without the message's fence): DEAD, as Celery records a FAILURE, rather than run again once its
 -- lease runs out. Only RUNNING rows of that task_id: a retry's row starts after the first ended.
@@ -547,6 +584,8 @@ RETURNING job_id, biz_type;
 
 
 -- name: extend_leases
+-- Extends the leases of running attempts a worker process keeps alive.
+--
 -- The leases a worker process keeps alive (leases.py: DurableTask calls, calls started ahead that
 -- wait for a pool process, handlers in a pool without hard time limits), fenced as finish_task: such
 -- a task is not taken for lost while its process lives, and the leases of a process that died run
@@ -569,16 +608,20 @@ RETURNING t.job_id;
 -- `excluded`, and the NOTIFY's "now" is the row's modified_at.
 
 -- name: limits_of
+-- The limits in force and the pause of one biz_type.
 SELECT rate_limit_in_force AS rate_limit, concurrency_in_force AS concurrency, paused
 FROM timeouts_limits
 WHERE biz_type = %(biz_type)s;
 
 
 -- name: declared_limits
+-- The limits every biz_type's handler declares, as stored.
 SELECT biz_type, declared_rate_limit, declared_concurrency FROM timeouts_limits;
 
 
 -- name: declare_limits
+-- Stores the limits the handlers of this process declare, for many biz_types at once.
+--
 -- Wakes nobody: the scan that declares claims next, and a dispatcher re-reads its deadline within
 -- seconds; a dispatcher starting would otherwise wake them all for nothing.
 INSERT INTO timeouts_limits AS l (biz_type, declared_rate_limit, declared_concurrency, modified_at)
@@ -592,6 +635,7 @@ SET declared_rate_limit = excluded.declared_rate_limit, declared_concurrency = e
 
 
 -- name: override_limits
+-- Sets limits that replace a biz_type's declared ones, and wakes the dispatchers.
 INSERT INTO timeouts_limits AS l
     (biz_type, declared_rate_limit, declared_concurrency, overridden, rate_limit, concurrency, modified_at)
 VALUES (%(biz_type)s, %(declared_rate_limit)s, %(declared_concurrency)s, true, %(rate_limit)s, %(concurrency)s,
@@ -603,6 +647,8 @@ RETURNING timeouts_notify_v1(%(channel)s, l.modified_at, l.modified_at);
 
 
 -- name: reset_limits
+-- Drops a biz_type's overridden limits (back to the declared ones), and wakes the dispatchers.
+--
 -- The declared values are this process's, for a biz_type no claimer has declared yet.
 INSERT INTO timeouts_limits AS l (biz_type, declared_rate_limit, declared_concurrency, modified_at)
 VALUES (%(biz_type)s, %(declared_rate_limit)s, %(declared_concurrency)s, clock_timestamp())
@@ -612,6 +658,7 @@ RETURNING timeouts_notify_v1(%(channel)s, l.modified_at, l.modified_at);
 
 
 -- name: pause_biz_type
+-- Pauses or resumes a biz_type; resuming wakes the dispatchers.
 INSERT INTO timeouts_limits AS l (biz_type, declared_rate_limit, declared_concurrency, paused, modified_at)
 VALUES (%(biz_type)s, %(declared_rate_limit)s, %(declared_concurrency)s, %(paused)s, clock_timestamp())
 ON CONFLICT (biz_type) DO UPDATE

@@ -2,7 +2,8 @@
 
 Every runtime query lives under a `-- name: <name>` header in one of the QUERY_FILES of `sql/`
 (tasks, partition maintenance, the dispatcher, stats), so the SQL that runs in production can be
-read, reviewed and EXPLAINed in one place.
+read, reviewed and EXPLAINed in one place. The line right under the header says what the query does
+(DESCRIPTIONS); a longer explanation, if any, follows after a bare `--` line.
 
 A piece of SQL that several queries share (a CTE, a subquery) is written once, under a
 `-- part: <name>` header, and a query takes it in with a line that starts with `{<name>}` (indented as
@@ -27,6 +28,8 @@ SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
 _HEADER = re.compile(r"^-- (name|part): ([a-z_]+)\s*$", re.MULTILINE)
 # A part taken in: `{name}` first on its line, after the indentation.
 _INCLUDE = re.compile(r"^([ \t]*)\{([a-z_]+)\}", re.MULTILINE)
+# The line under a header: what the query does, in one line, then the SQL or a bare `--` line.
+_DESCRIPTION = re.compile(r"-- (\S[^\n]*)\n(?!-- )")
 
 
 def parse(text: str, kind: str = "name") -> dict[str, str]:
@@ -40,6 +43,12 @@ def parse(text: str, kind: str = "name") -> dict[str, str]:
             raise ValueError(f"{kind} {name!r} is defined twice")
         found[name] = body.strip()
     return found
+
+
+def description(text: str) -> str | None:
+    """What a query (or part) does: the one line right under its header, or None without one."""
+    match = _DESCRIPTION.match(text + "\n")
+    return match.group(1).strip() if match else None
 
 
 def include(text: str, parts: dict[str, str]) -> str:
@@ -79,6 +88,8 @@ def _load():
 
 
 QUERIES, PARTS = _load()
+# What each query does, from the line under its header (None: it has none; test_sql_files keeps every one).
+DESCRIPTIONS = {name: description(text) for name, text in QUERIES.items()}
 
 # insert_task for a statement that is its own transaction (schedule() outside any atomic block, the
 # common case): it can notify at most once anyway, so it calls pg_notify() itself, with the payload
