@@ -122,13 +122,15 @@ def test_a_description_is_one_line():
 
 
 def test_a_part_is_taken_in_where_a_query_names_it():
-    from timeouts.store.queries import include, parse
+    from timeouts.store.queries import include, parse, sections
 
     text = "-- name: a\n-- Runs.\nSELECT x FROM (\n    {inner}\n) AS s;\n\n-- part: inner\n-- Inner.\nSELECT 1\nAS x\n"
-    parts = parse(text, "part")
+    parts = sections(text, "part")
     assert parts == {"inner": "-- Inner.\nSELECT 1\nAS x"}
     expanded = "-- Runs.\nSELECT x FROM (\n    -- Inner.\n    SELECT 1\n    AS x\n) AS s;"
-    assert include(parse(text)["a"], parts) == expanded
+    assert include(sections(text)["a"], parts) == expanded
+    assert parse(text) == {"a": expanded}  # a file on its own: with the parts it defines
+    assert parse("-- name: b\n-- Runs.\n{inner};", parts) == {"b": "-- Runs.\n-- Inner.\nSELECT 1\nAS x;"}
     with pytest.raises(ValueError, match="unknown SQL part"):
         include("{other},", parts)
 
@@ -138,7 +140,7 @@ def test_shared_sql_is_written_once():
 
     # The biz_types walk is one part, read by the claim and by the dispatcher's deadline; the claim's
     # two rounds take their tasks through one part.
-    written = queries.parse((SQL_DIR / "queries.sql").read_text() + (SQL_DIR / "dispatcher.sql").read_text())
+    written = queries.sections((SQL_DIR / "queries.sql").read_text() + (SQL_DIR / "dispatcher.sql").read_text())
     for name in ("claim_due", "claimable_deadline"):
         assert written[name].count("{pending_types}") == 1, name
     assert written["claim_due"].count("{oldest_due_tasks}") == 2

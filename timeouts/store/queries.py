@@ -32,8 +32,9 @@ _INCLUDE = re.compile(r"^([ \t]*)\{([a-z_]+)\}", re.MULTILINE)
 _DESCRIPTION = re.compile(r"-- (\S[^\n]*)\n(?!-- )")
 
 
-def parse(text: str, kind: str = "name") -> dict[str, str]:
-    """The texts under the `-- <kind>: <name>` headers of `text` (`name`: queries, `part`: parts), by name."""
+def sections(text: str, kind: str = "name") -> dict[str, str]:
+    """The texts under the `-- <kind>: <name>` headers of `text` (`name`: queries, `part`: parts), by
+    name, as written."""
     pieces = _HEADER.split(text)
     found = {}
     for header, name, body in zip(pieces[1::3], pieces[2::3], pieces[3::3], strict=True):
@@ -63,6 +64,13 @@ def include(text: str, parts: dict[str, str]) -> str:
     return _INCLUDE.sub(part, text)
 
 
+def parse(text: str, parts: dict[str, str] | None = None) -> dict[str, str]:
+    """The queries of `text` by name, each with the parts it takes in: those `text` defines, and
+    `parts`. A file read on its own (an older commit's, say) then gives the queries that run."""
+    known = {**(parts or {}), **sections(text, "part")}
+    return {name: include(body, known) for name, body in sections(text).items()}
+
+
 QUERY_FILES = ("queries.sql", "partitions.sql", "dispatcher.sql", "stats.sql", "tasks_backend.sql", "shards.sql",
                "limit_shares.sql")
 
@@ -70,7 +78,7 @@ QUERY_FILES = ("queries.sql", "partitions.sql", "dispatcher.sql", "stats.sql", "
 def _read(kind):
     found = {}
     for file in QUERY_FILES:
-        for name, body in parse(substitute((SQL_DIR / file).read_text()), kind).items():
+        for name, body in sections(substitute((SQL_DIR / file).read_text()), kind).items():
             if name in found:
                 raise ValueError(f"{kind} {name!r} is defined in two files")
             found[name] = body
