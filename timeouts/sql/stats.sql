@@ -5,6 +5,7 @@
 
 
 -- name: count_pending
+-- Counts the PENDING tasks, up to `limit`.
 SELECT count(*) AS n FROM (
     SELECT 1 FROM timeouts_task WHERE status = :PENDING
     LIMIT %(limit)s
@@ -12,6 +13,8 @@ SELECT count(*) AS n FROM (
 
 
 -- name: count_overdue
+-- Counts the PENDING tasks due by the database clock, up to `limit`.
+--
 -- PENDING and due by the database clock; action_time is implied by run_at (run_at >= action_time)
 -- but lets PostgreSQL skip future partitions.
 SELECT count(*) AS n FROM (
@@ -21,6 +24,7 @@ SELECT count(*) AS n FROM (
 
 
 -- name: count_default_rows
+-- Counts the rows of the DEFAULT partition, up to `limit`.
 SELECT count(*) AS n FROM (
     SELECT 1 FROM timeouts_task_default
     LIMIT %(limit)s
@@ -33,6 +37,8 @@ SELECT 1 FROM timeouts_task;
 
 
 -- name: oldest_overdue
+-- The oldest PENDING tasks that are overdue.
+--
 -- One probe of the partial index timeouts_task_due per past partition.
 SELECT job_id, biz_type, biz_id, action_time, run_at, attempts, now() - run_at AS age
 FROM timeouts_task
@@ -42,6 +48,7 @@ LIMIT 1;
 
 
 -- name: status_counts
+-- Counts every task by status and biz_type.
 SELECT status, biz_type, count(*) AS n
 FROM timeouts_task
 GROUP BY 1, 2;
@@ -55,6 +62,8 @@ GROUP BY 1, 2;
 
 
 -- name: status_counts_of_one
+-- Counts the tasks of one small, indexed status by biz_type, up to `limit`.
+--
 -- The tasks of one small, indexed status (DISPATCHED and RUNNING: timeouts_task_lease; DEAD:
 -- timeouts_task_status), up to the limit.
 SELECT biz_type, count(*) AS n
@@ -63,6 +72,8 @@ GROUP BY 1;
 
 
 -- name: lateness
+-- How many tasks fell due in the last `window`, how many still wait, and their lateness percentiles.
+--
 -- Tasks due in the last `window` (cancelled ones left out): how many, how many of them still wait
 -- for their first attempt, and the lateness percentiles of the first attempts that started.
 SELECT count(*) AS due,
@@ -77,6 +88,8 @@ FROM (SELECT status, attempts, started_at, extract(epoch FROM started_at - actio
 
 
 -- name: lateness_points
+-- The quantiles of the same lateness, for merging several shards' percentiles.
+--
 -- The lateness of the same first attempts as `lateness`, for merging several shards' percentiles:
 -- how many started, and `points` evenly spaced quantiles of their lateness (the 0th to the 100th
 -- percentile). With at most `points` tasks the quantiles are the sorted values themselves.
@@ -110,6 +123,8 @@ WHERE i.inhparent = 'timeouts_task'::regclass;
 
 
 -- name: waiting_biz_types
+-- The biz_types that have PENDING tasks, in order.
+--
 -- The distinct biz_types of the PENDING tasks, in order, by a loose index scan of
 -- timeouts_task_due_by_type (biz_type, run_at) WHERE PENDING: each step is one probe per partition
 -- for the next biz_type after the last one found, however many tasks each biz_type has.
@@ -125,6 +140,8 @@ SELECT biz_type FROM found WHERE biz_type IS NOT NULL LIMIT %(limit)s;
 
 
 -- name: count_overdue_of_biz_type
+-- Counts one biz_type's overdue PENDING tasks, up to `limit`.
+--
 -- The PENDING tasks of one biz_type due by `now`, up to `limit`: one range of
 -- timeouts_task_due_by_type per past partition, in that index's order, so that the LIMIT stops the
 -- scans once it has its rows. Run after plan_counts_in_index_order, in its transaction. The
@@ -145,6 +162,8 @@ SELECT count(*) AS n FROM (
 
 
 -- name: plan_counts_in_index_order
+-- Makes the rest of the transaction count overdue tasks in index order only.
+--
 -- For the rest of the transaction, the plans that would read every overdue task of a biz_type
 -- (or of a partition) to count a few in count_overdue_of_biz_type are not considered: a sort, an
 -- incremental one (the partitions merged by biz_type alone, each biz_type's rows then sorted by
@@ -163,6 +182,8 @@ WHERE biz_type = %(biz_type)s AND status = :PENDING AND run_at <= %(now)s AND ac
 
 
 -- name: running_by_biz_type
+-- Counts the RUNNING tasks by biz_type, beside their concurrency limits.
+--
 -- The RUNNING tasks by biz_type, beside their concurrency limits, from at most `limit` rows of
 -- timeouts_task_lease (partial: it holds only DISPATCHED and RUNNING tasks, which MAX_DISPATCHED
 -- and the workers keep few).
@@ -172,6 +193,8 @@ GROUP BY biz_type;
 
 
 -- name: due_soon_of_biz_type
+-- Counts one biz_type's PENDING tasks due within `window`, by bucket of time.
+--
 -- The PENDING tasks of one biz_type whose run_at falls in (now, now + window] (first attempts and
 -- retries), the first `limit` of them in run_at order, counted by bucket of `bucket` seconds;
 -- `read` and `last` say how far the scan went. timeouts_task_due_by_type yields them in run_at
@@ -188,6 +211,8 @@ GROUP BY s.bucket;
 
 
 -- name: recent_lateness_of_biz_type
+-- One biz_type's lateness over the last `window`, by bucket of time.
+--
 -- The tasks of one biz_type due in (now - window, now], the latest `limit` of them, by bucket of
 -- `bucket` seconds counted back from now: the median and the 99th percentile of the lateness of
 -- first attempts, started_at - action_time, or now - action_time for one still waiting to start
@@ -214,6 +239,8 @@ GROUP BY s.bucket;
 
 
 -- name: stored_limits
+-- The limits and pauses stored per biz_type, with this shard's part of them.
+--
 -- The limits and pauses stored per biz_type (timeouts.limits; one small row each): in force, the
 -- override when there is one, else what the handler declares; and this shard's part of them, as
 -- its claims read it (sql/migrations/0001_limits.sql).

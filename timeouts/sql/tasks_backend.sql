@@ -19,6 +19,8 @@ WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND biz_type LIKE 't
 
 
 -- name: tasks_backend_result_moved
+-- get_result() of a row whose action_time changed since its id was made.
+--
 -- get_result() of a row that is no longer where its id says: an operator requeued or rescheduled
 -- it (action_time changed). By job_id alone: one probe of each partition's primary key index.
 SELECT job_id, action_time, biz_type, status, attribute::text AS attribute, attempts, max_attempts, last_error,
@@ -28,6 +30,8 @@ WHERE job_id = %(job_id)s AND biz_type LIKE 'tasks:%%';
 
 
 -- name: tasks_backend_started
+-- Notes the worker that runs an attempt, and reads what earlier attempts left.
+--
 -- The worker's first statement once the compare-and-set started an attempt: note which worker runs
 -- it, and read what earlier attempts left (their errors, their workers), for the TaskResult the
 -- task's context and Django's signals carry. Fenced as finish_task: only this attempt's RUNNING row.
@@ -40,6 +44,8 @@ RETURNING errors::text AS errors, worker_ids;
 
 
 -- name: tasks_backend_returned
+-- Stores what the task's function returned, before its DONE.
+--
 -- What the task's function returned, just before the worker writes DONE (finish_task). If the
 -- worker dies between the two, the lease runs out and the task runs again, which writes it anew.
 UPDATE timeouts_task
@@ -51,6 +57,8 @@ RETURNING job_id;
 
 
 -- name: tasks_backend_failed
+-- Appends a failed attempt's error, before its retry or DEAD.
+--
 -- The error of a failed attempt, appended, just before the worker writes the retry or DEAD
 -- (fail_task).
 UPDATE timeouts_task
@@ -63,6 +71,8 @@ RETURNING job_id;
 
 
 -- name: tasks_backend_cancel
+-- cancel(result_id): cancels a task that has not started.
+--
 -- cancel(result_id): a task that has not started. Fenced by the worker's compare-and-set as
 -- cancel_task is; a task that ran (DEAD included) is left as it is.
 UPDATE timeouts_task

@@ -2,9 +2,14 @@
 
 Every runtime query lives under a `-- name: <name>` header in one of the QUERY_FILES of `sql/`
 (tasks, partition maintenance, the dispatcher, stats), so the SQL that runs in production can be
-read, reviewed and EXPLAINed in one place. Two kinds of variant are derived from them here, by one checked
-text replacement each, rather than written out again: insert_task_autocommit, and the worker's
-updates run on one partition (on_partition()).
+read, reviewed and EXPLAINed in one place. The line right under the header says what the query does
+(DESCRIPTIONS); a longer explanation, if any, follows after a bare `--` line.
+
+A piece of SQL that several queries share (a CTE, a subquery) is written once, under a
+`-- part: <name>` header, and a query takes it in with a line that starts with `{<name>}` (indented as
+that line is; the rest of the line follows it). Two kinds of variant are derived from the queries
+here, by one checked text replacement each, rather than written out again: insert_task_autocommit,
+and the worker's updates run on one partition (on_partition()).
 """
 
 import functools
@@ -20,34 +25,79 @@ from timeouts.states import substitute
 from timeouts.store import worker_connection
 
 SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
-_HEADER = re.compile(r"^-- name: ([a-z_]+)\s*$", re.MULTILINE)
+_HEADER = re.compile(r"^-- (name|part): ([a-z_]+)\s*$", re.MULTILINE)
+# A part taken in: `{name}` first on its line, after the indentation.
+_INCLUDE = re.compile(r"^([ \t]*)\{([a-z_]+)\}", re.MULTILINE)
+# The line under a header: what the query does, in one line, then the SQL or a bare `--` line.
+_DESCRIPTION = re.compile(r"-- (\S[^\n]*)\n(?!-- )")
 
 
-def parse(text: str) -> dict[str, str]:
-    parts = _HEADER.split(text)
-    queries = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        if name in queries:
-            raise ValueError(f"query {name!r} is defined twice")
-        queries[name] = body.strip()
-    return queries
+def sections(text: str, kind: str = "name") -> dict[str, str]:
+    """The texts under the `-- <kind>: <name>` headers of `text` (`name`: queries, `part`: parts), by
+    name, as written."""
+    pieces = _HEADER.split(text)
+    found = {}
+    for header, name, body in zip(pieces[1::3], pieces[2::3], pieces[3::3], strict=True):
+        if header != kind:
+            continue
+        if name in found:
+            raise ValueError(f"{kind} {name!r} is defined twice")
+        found[name] = body.strip()
+    return found
+
+
+def description(text: str) -> str | None:
+    """What a query (or part) does: the one line right under its header, or None without one."""
+    match = _DESCRIPTION.match(text + "\n")
+    return match.group(1).strip() if match else None
+
+
+def include(text: str, parts: dict[str, str]) -> str:
+    """`text` with every `{name}` line start replaced by that part, each of its lines indented as the marker."""
+
+    def part(match):
+        indent, name = match.groups()
+        if name not in parts:
+            raise ValueError(f"unknown SQL part {{{name}}}; known: {', '.join(sorted(parts))}")
+        return indent + parts[name].replace("\n", "\n" + indent)
+
+    return _INCLUDE.sub(part, text)
+
+
+def parse(text: str, parts: dict[str, str] | None = None) -> dict[str, str]:
+    """The queries of `text` by name, each with the parts it takes in: those `text` defines, and
+    `parts`. A file read on its own (an older commit's, say) then gives the queries that run."""
+    known = {**(parts or {}), **sections(text, "part")}
+    return {name: include(body, known) for name, body in sections(text).items()}
 
 
 QUERY_FILES = ("queries.sql", "partitions.sql", "dispatcher.sql", "stats.sql", "tasks_backend.sql", "shards.sql",
                "limit_shares.sql")
 
 
+def _read(kind):
+    found = {}
+    for file in QUERY_FILES:
+        for name, body in sections(substitute((SQL_DIR / file).read_text()), kind).items():
+            if name in found:
+                raise ValueError(f"{kind} {name!r} is defined in two files")
+            found[name] = body
+    return found
+
+
 def _load():
-    queries = {}
-    for name in QUERY_FILES:
-        for query, body in parse(substitute((SQL_DIR / name).read_text())).items():
-            if query in queries:
-                raise ValueError(f"query {query!r} is defined in two files")
-            queries[query] = body
-    return queries
+    parts, written = _read("part"), _read("name")
+    if any(_INCLUDE.search(body) for body in parts.values()):
+        raise ValueError("an SQL part takes in no other part")
+    taken = {match.group(2) for body in written.values() for match in _INCLUDE.finditer(body)}
+    if set(parts) - taken:
+        raise ValueError(f"SQL parts no query takes in: {sorted(set(parts) - taken)}")
+    return {name: include(body, parts) for name, body in written.items()}, parts
 
 
-QUERIES = _load()
+QUERIES, PARTS = _load()
+# What each query does, from the line under its header (None: it has none; test_sql_files keeps every one).
+DESCRIPTIONS = {name: description(text) for name, text in QUERIES.items()}
 
 # insert_task for a statement that is its own transaction (schedule() outside any atomic block, the
 # common case): it can notify at most once anyway, so it calls pg_notify() itself, with the payload

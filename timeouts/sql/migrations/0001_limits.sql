@@ -18,8 +18,8 @@ CREATE TABLE timeouts_limits (
     -- pause(): no task of this biz_type is claimed until resume().
     paused               boolean          NOT NULL DEFAULT false,
     -- The rate limit's token bucket, kept by the claim: `tokens` claims were allowed at
-    -- `refilled_at` (database clock), and it refills at the rate, up to one second's worth (and
-    -- at least one). NULL refilled_at: full.
+    -- `refilled_at` (database clock); it refills at the rate (timeouts_bucket_tokens, below).
+    -- NULL refilled_at: full.
     tokens               double precision NOT NULL DEFAULT 0,
     refilled_at          timestamptz,
     modified_at          timestamptz      NOT NULL DEFAULT clock_timestamp(),
@@ -62,22 +62,81 @@ CREATE TABLE timeouts_limits (
 -- run_at order. Partial, like timeouts_task_due: it only holds waiting tasks.
 CREATE INDEX timeouts_task_due_by_type ON timeouts_task (biz_type, run_at) WHERE status = :PENDING;
 
--- A shard's part of a biz_type's limits, as the claims read them (claim_due, claimable_deadline):
--- the whole limit on the only shard; else the part the scan stored, or an even part until it has:
--- 1/N of the rate, and the concurrency split into N integers that add up to it. NULL limit, NULL
--- part. Plain SQL and IMMUTABLE, so the planner inlines them into the claim's plan.
+-- A limit as the claims read it: within the bounds the API accepts (timeouts/validation.py: a rate
+-- from one start a day to a million a second, a concurrency from one to a million), so that a row
+-- written by hand past them cannot take the claim's arithmetic out of range, which would stop the
+-- claims of every biz_type on the shard. CASE rather than least() and greatest(), which would turn
+-- NULL (no limit) into a bound. Every function here is plain SQL without a query, and no more
+-- volatile than its body: the planner inlines them (one into the other) into the claim's plan, as
+-- if their expressions were written there.
+CREATE FUNCTION timeouts_rate_in_bounds(rate_limit double precision)
+RETURNS double precision LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN rate_limit < 1.0 / 86400 THEN 1.0 / 86400 WHEN rate_limit > 1e6 THEN 1e6 ELSE rate_limit END
+$$;
+
+CREATE FUNCTION timeouts_concurrency_in_bounds(concurrency integer)
+RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN concurrency < 1 THEN 1 WHEN concurrency > 1000000 THEN 1000000 ELSE concurrency END
+$$;
+
+-- A shard's part of a biz_type's limits, as the claims read them (claim_due, claimable_deadline)
+-- and the stats show them: the whole limit on the only shard; else the part the scan stored, or an
+-- even part until it has: 1/N of the rate, and the concurrency split into N integers that add up to
+-- it. The limit within its bounds, and a stored rate part as at least a millionth of it (the scan
+-- writes none below a tenth of an even part). NULL limit, NULL part.
 CREATE FUNCTION timeouts_rate_part(rate_limit double precision, share double precision,
                                    shard_count integer)
 RETURNS double precision LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT rate_limit * CASE WHEN shard_count = 1 THEN 1 ELSE coalesce(share, 1.0 / shard_count) END
+    SELECT timeouts_rate_in_bounds(rate_limit)
+           * CASE WHEN shard_count = 1 THEN 1
+                  ELSE coalesce(CASE WHEN share < 1e-6 THEN 1e-6 ELSE share END, 1.0 / shard_count) END
 $$;
 
-CREATE FUNCTION timeouts_concurrency_part(concurrency integer, share double precision,
-                                          shard_index integer, shard_count integer)
+CREATE FUNCTION timeouts_concurrency_split(concurrency integer, share double precision,
+                                           shard_index integer, shard_count integer)
 RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE WHEN shard_count = 1 THEN concurrency
                 -- stored as a fraction of the limit: exact for the limit it was shared from
                 WHEN share IS NOT NULL THEN floor(concurrency * share + 1e-9)::integer
                 ELSE concurrency * (shard_index + 1) / shard_count - concurrency * shard_index / shard_count
+           END
+$$;
+
+CREATE FUNCTION timeouts_concurrency_part(concurrency integer, share double precision,
+                                          shard_index integer, shard_count integer)
+RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT timeouts_concurrency_split(timeouts_concurrency_in_bounds(concurrency), share, shard_index, shard_count)
+$$;
+
+-- The rate limit's token bucket, as the claim keeps it in (tokens, refilled_at): it holds a
+-- twentieth of a second's worth of claims (and at least one, so a rate below 20/s can claim at
+-- all), and refills at the rate. Small, so the starts of a backlog are spread evenly, never more than
+-- the rate in any second (a bucket of one second's worth would let twice the rate through in the
+-- first); large enough that the claims that pace them come at most twenty a second (a dispatcher
+-- sleeps until the bucket is full: timeouts_bucket_full_at). `rate_limit` is a shard's part, as
+-- timeouts_rate_part gives it.
+CREATE FUNCTION timeouts_bucket_size(rate_limit double precision)
+RETURNS double precision LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT greatest(rate_limit / 20, 1)
+$$;
+
+-- The claims a bucket allows at `at_time`: what it held at refilled_at, refilled at the rate since,
+-- up to its size; a bucket never used (NULL refilled_at) is full. NULL: no rate limit.
+CREATE FUNCTION timeouts_bucket_tokens(rate_limit double precision, tokens double precision,
+                                       refilled_at timestamptz, at_time timestamptz)
+RETURNS double precision LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN rate_limit IS NULL THEN NULL
+                WHEN refilled_at IS NULL THEN timeouts_bucket_size(rate_limit)
+                ELSE least(timeouts_bucket_size(rate_limit),
+                           tokens + rate_limit * greatest(0, extract(epoch FROM at_time - refilled_at)))
+           END
+$$;
+
+-- When a bucket is full again; NULL when it is (or no rate limit). STABLE as timestamptz + interval.
+CREATE FUNCTION timeouts_bucket_full_at(rate_limit double precision, tokens double precision,
+                                        refilled_at timestamptz)
+RETURNS timestamptz LANGUAGE sql STABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN tokens < timeouts_bucket_size(rate_limit)
+                THEN refilled_at + (timeouts_bucket_size(rate_limit) - tokens) / rate_limit * interval '1 second'
            END
 $$;

@@ -1,4 +1,10 @@
+DROP FUNCTION IF EXISTS timeouts_bucket_full_at(double precision, double precision, timestamptz);
+DROP FUNCTION IF EXISTS timeouts_bucket_tokens(double precision, double precision, timestamptz, timestamptz);
+DROP FUNCTION IF EXISTS timeouts_bucket_size(double precision);
 DROP FUNCTION IF EXISTS timeouts_concurrency_part(integer, double precision, integer, integer);
+DROP FUNCTION IF EXISTS timeouts_concurrency_split(integer, double precision, integer, integer);
 DROP FUNCTION IF EXISTS timeouts_rate_part(double precision, double precision, integer);
+DROP FUNCTION IF EXISTS timeouts_concurrency_in_bounds(integer);
+DROP FUNCTION IF EXISTS timeouts_rate_in_bounds(double precision);
 DROP INDEX IF EXISTS timeouts_task_due_by_type;
 DROP TABLE IF EXISTS timeouts_limits;
