@@ -28,10 +28,10 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from kombu.utils import json as kombu_json
 from kombu.utils.uuid import uuid
 
-from timeouts import events, validation
+from timeouts import events, kinds, validation
 from timeouts.conf import get_settings
 from timeouts.errors import InvalidAttribute
-from timeouts.registry import BIZ_TYPE_RE, CELERY_CALLS
+from timeouts.registry import BIZ_TYPE_RE
 from timeouts.states import Status
 from timeouts.storage import shards
 from timeouts.store import worker_connection
@@ -40,7 +40,8 @@ from timeouts.store.serialization import retry_on_conflict
 
 logger = logging.getLogger(__name__)
 
-PREFIX = CELERY_CALLS
+# The biz_types of stored calls (biz_type_for): this kind's (KIND, below), no handler's.
+PREFIX = "celery:"
 # The header of a published call that carries its row's fence.
 FENCE_HEADER = "timeouts"
 # The attribute's format, so that a later version can read the calls an older one stored.
@@ -215,6 +216,11 @@ def publish_calls(app, claims, producer, retry_policy, eta_headroom):
             app.amqp.send_task_message(producer, name, message, serializer="json", retry=True,
                                        retry_policy=retry_policy, **options)
         yield claim
+
+
+# Claimed calls come with their attribute, and go as their tasks' own messages.
+KIND = kinds.register(kinds.Kind(PREFIX, "DurableTask", "the Celery calls that timeouts.celery.DurableTask stores",
+                                 claim_returns_attribute=True, publish=publish_calls))
 
 
 def _readable(claim) -> dict:
