@@ -307,7 +307,8 @@ def cancel(task_id) -> bool:
     task_id = validation.biz_id(task_id)
     using = shards.hashed(task_id).alias
     connection = connections[using]
-    rows = retry_on_conflict(lambda: fetch_dicts("cancel_call", {"task_id": task_id}, using=connection), using=using)
+    params = {"task_id": task_id, "prefix": PREFIX}
+    rows = retry_on_conflict(lambda: fetch_dicts("cancel_call", params, using=connection), using=using)
     for row in rows:
         events.cancelled(row["biz_type"], 1, using)
     return bool(rows)

@@ -212,7 +212,8 @@ def _end_timed_out(task_id, exc):
 
     try:
         with worker_connection.used(shards.hashed(task_id).alias):  # where celery_calls.store() put it
-            rows = fetch_dicts("end_timed_out_call", {"task_id": task_id, "error": f"killed: {exc!r}"})
+            rows = fetch_dicts("end_timed_out_call", {"task_id": task_id, "prefix": celery_calls.PREFIX,
+                                                        "error": f"killed: {exc!r}"})
     except Exception:
         logger.exception("timeouts: could not record that call %s was killed at its time limit", task_id)
         return
