@@ -79,10 +79,6 @@ def biz_type_for(name: str) -> str:
     return f"{PREFIX}{cleaned}-{digest}"
 
 
-def is_call(biz_type: str) -> bool:
-    return biz_type.startswith(PREFIX)
-
-
 # --- Storing a call (the caller's process) --------------------------------------------------------
 
 def store(app, name, args, kwargs, task_id, eta, options, *, ttr=None):
