@@ -1,6 +1,7 @@
 """Kinds of work (timeouts.kinds): the core knows its extensions only through their registered kinds."""
 
 import re
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -10,6 +11,10 @@ from timeouts import kinds, registry
 from timeouts.backends import queues
 from timeouts.durable import calls
 from timeouts.errors import InvalidBizType, UnknownBizType
+
+PACKAGE = Path(timeouts.__file__).resolve().parent
+# The extensions, each the only owner of its kind's prefix.
+EXTENSIONS = {calls.PREFIX: PACKAGE / "durable", queues.PREFIX: PACKAGE / "backends"}
 
 
 def publish(app, claims, producer, retry_policy, eta_headroom):
@@ -24,6 +29,22 @@ def kind():
     yield registered
     kinds.unregister(registered)
     registry.unregister("test-kind-owner")
+
+
+def test_no_prefix_of_an_extension_is_written_outside_it():
+    # A prefix as code or SQL spells it: right after a quote or a backtick (prose may end a phrase in "tasks:").
+    spelled = {prefix: re.compile(rf"[\"'`]{re.escape(prefix)}") for prefix in EXTENSIONS}
+    found = []
+    for path in sorted(PACKAGE.rglob("*")):
+        if not path.is_file() or path.suffix not in {".py", ".sql", ".html", ".txt", ".md"}:
+            continue
+        text = path.read_text()
+        for prefix, pattern in spelled.items():
+            if path.is_relative_to(EXTENSIONS[prefix]):
+                continue
+            found += [f"{path.relative_to(PACKAGE)}:{text.count(chr(10), 0, m.start()) + 1}: {prefix}"
+                      for m in pattern.finditer(text)]
+    assert found == []
 
 
 def test_the_extensions_register_their_kinds_as_they_load():
