@@ -71,7 +71,7 @@ def test_raise_and_sleep_fire_and_are_logged(monkeypatch, tmp_path):
 
 def test_exit_ends_the_process_at_once_after_logging(tmp_path):
     log = tmp_path / "faults.log"
-    code = "from timeouts import faults; faults.fault('claim.after_commit'); print('survived')"
+    code = "from timeouts.testing import faults; faults.fault('claim.after_commit'); print('survived')"
     env = {**os.environ, "TIMEOUTS_FAULTS": "claim.after_commit=exit", "TIMEOUTS_FAULTS_LOG": str(log)}
     result = subprocess.run([sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True,
                             timeout=60)
