@@ -8,6 +8,11 @@ class TimeoutsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        # The kinds of work of timeouts' extensions (timeouts.kinds), which register themselves as
+        # they load: before the project's handlers, which may not take their biz_types.
+        from timeouts.backends import queues  # noqa: F401
+        from timeouts.durable import calls  # noqa: F401
+
         # Handlers registered in every process that loads Django: web (validation of biz_type),
         # scanner and dispatcher (routing to queues) and workers (running them).
         autodiscover_modules("timeouts_handlers")

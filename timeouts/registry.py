@@ -9,14 +9,11 @@ from dataclasses import dataclass
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
 
+from timeouts import kinds
 from timeouts.errors import InvalidBizType, UnknownBizType
 from timeouts.validation import check_concurrency, check_rate_limit, describe
 
 BIZ_TYPE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
-# The biz_types of the Celery calls DurableTask stores (celery_calls.py): no handler's.
-CELERY_CALLS = "celery:"
-# The biz_types of the tasks of Django's tasks framework (tasks_queues.py): no handler's either.
-DJANGO_TASKS = "tasks:"
 
 
 @dataclass(frozen=True)
@@ -46,9 +43,6 @@ async def _awaited(coroutine):
 
 
 _handlers: dict[str, Handler] = {}
-# The biz_types of the DurableTask tasks this process knows (celery_calls.biz_type_for), for the
-# admin's filter: their rows have no handler.
-_celery_calls: set[str] = set()
 
 
 def check_biz_type(biz_type) -> str:
@@ -79,14 +73,10 @@ def handler(biz_type, *, queue=None, max_attempts=None, ttr=None, rate_limit=Non
     if not isinstance(biz_type, str) or not BIZ_TYPE_RE.fullmatch(biz_type):
         raise ImproperlyConfigured(
             f"@timeouts.handler: biz_type must be 1 to 64 characters of [A-Za-z0-9_.:-], got {describe(biz_type)}")
-    if biz_type.startswith(CELERY_CALLS):
+    kind = kinds.of(biz_type)
+    if kind is not None:
         raise ImproperlyConfigured(
-            f"@timeouts.handler: biz_types starting with {CELERY_CALLS!r} are the Celery calls that "
-            f"timeouts.celery.DurableTask stores, got {biz_type!r}")
-    if biz_type.startswith(DJANGO_TASKS):
-        raise ImproperlyConfigured(
-            f"@timeouts.handler: biz_types starting with {DJANGO_TASKS!r} are the tasks of Django's tasks "
-            f"framework that timeouts.backends.TimeoutsBackend stores, got {biz_type!r}")
+            f"@timeouts.handler: biz_types starting with {kind.prefix!r} are {kind.description}, got {biz_type!r}")
     for name, value in (("max_attempts", max_attempts), ("ttr", ttr)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ImproperlyConfigured(f"handler {biz_type!r}: {name} must be a positive integer, got {value!r}")
@@ -153,7 +143,8 @@ def _qualified(func):
 
 
 def register_internal(handler: Handler):
-    """Register one of timeouts' own handlers (tasks_queues.py), under a reserved biz_type."""
+    """Register a handler of a kind's (timeouts.kinds), under a biz_type of that kind, which
+    @timeouts.handler refuses."""
     _handlers[handler.biz_type] = handler
 
 
@@ -167,10 +158,10 @@ def get_handler(biz_type) -> Handler:
 
 def check_known(biz_type) -> str:
     """`biz_type` if this deployment has tasks of it, else InvalidBizType or UnknownBizType: what
-    cancel(), limits() and the others accept. Known: a handler's biz_type, and any of the kinds that
-    have no handler of the user's, whose biz_types this process need not all know: a DurableTask's
-    stored calls (any Celery task may be one, bound or not here) and the tasks of Django's tasks
-    framework (any backend alias and queue)."""
+    cancel(), limits() and the others accept. Known: a handler's biz_type, and every biz_type of a
+    kind (timeouts.kinds), whose biz_types this process need not all know: any Celery task may be
+    stored by DurableTask, bound here or not, and a tasks backend of any alias and queue stores its
+    tasks."""
     check_biz_type(biz_type)
     if not is_known(biz_type):
         raise _unknown(biz_type)
@@ -179,7 +170,7 @@ def check_known(biz_type) -> str:
 
 def is_known(biz_type: str) -> bool:
     """check_known()'s rule, for a valid biz_type."""
-    return biz_type in _handlers or biz_type.startswith((CELERY_CALLS, DJANGO_TASKS))
+    return biz_type in _handlers or kinds.of(biz_type) is not None
 
 
 def _unknown(biz_type) -> UnknownBizType:
@@ -200,11 +191,3 @@ def unregister(biz_type):
     """Forget a handler (for tests and for hosts that swap handlers at run time)."""
     _handlers.pop(biz_type, None)
 
-
-def register_celery_call(biz_type: str):
-    """Note the biz_type of a DurableTask's stored calls (its task bound to a Celery app)."""
-    _celery_calls.add(biz_type)
-
-
-def registered_celery_calls() -> frozenset[str]:
-    return frozenset(_celery_calls)

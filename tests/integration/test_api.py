@@ -10,6 +10,8 @@ from django.db import connection, transaction
 import timeouts
 from tests.factories import make_task, move_to
 from timeouts import registry
+from timeouts.backends import queues as tasks_queues
+from timeouts.durable.calls import biz_type_for
 from timeouts.models import TimeoutTask
 
 Status = TimeoutTask.Status
@@ -271,8 +273,8 @@ def test_cancel_of_an_unknown_biz_type_is_refused_and_changes_nothing(cancel, or
 def test_cancel_accepts_the_biz_types_of_durable_calls_and_django_tasks():
     """Any Celery task may be a DurableTask, and this process need not know them all; the same goes
     for the queues of Django's tasks framework."""
-    assert timeouts.cancel(f"{registry.CELERY_CALLS}tests.not_bound_here", "k") == 0
-    assert timeouts.cancel(f"{registry.DJANGO_TASKS}elsewhere:default", "k") == 0
+    assert timeouts.cancel(biz_type_for("tests.not_bound_here"), "k") == 0
+    assert timeouts.cancel(tasks_queues.biz_type_for("elsewhere", "default"), "k") == 0
 
 
 def test_reschedule_moves_the_task_across_partitions():

@@ -16,6 +16,7 @@ from django.db import connection, transaction
 
 import timeouts
 from tests.isolation import no_limits  # noqa: F401  (a fixture)
+from timeouts.durable import calls
 from timeouts.store import queries
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300), pytest.mark.slow,
@@ -25,7 +26,9 @@ BACKLOG = 1_000_000
 DAY = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=40)
 PARTITION = f"timeouts_task_d{DAY:%Y%m%d}"
 ONE_SHARD = {"shard_index": 0, "shard_count": 1}
-PARAMS = {"limit": 500, "lead": 0.0, "max_dispatched": 10_000, **ONE_SHARD}
+# attribute_prefixes as an array literal: explain() spells each parameter with repr().
+PARAMS = {"limit": 500, "lead": 0.0, "max_dispatched": 10_000, "attribute_prefixes": f"{{{calls.PREFIX}}}",
+          **ONE_SHARD}
 
 
 @pytest.fixture

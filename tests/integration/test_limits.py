@@ -10,6 +10,8 @@ from django.db import connection, transaction
 import timeouts
 from tests.isolation import no_limits  # noqa: F401  (a fixture)
 from timeouts import registry
+from timeouts.backends import queues as tasks_queues
+from timeouts.durable.calls import biz_type_for
 from timeouts.limiting import controls
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60), pytest.mark.usefixtures("no_limits")]
@@ -122,8 +124,8 @@ def test_an_unknown_or_invalid_biz_type_is_refused_and_stores_nothing(call):
     assert stored() == []
 
 
-@pytest.mark.parametrize("biz_type", [f"{registry.CELERY_CALLS}tests.not_bound_here",
-                                      f"{registry.DJANGO_TASKS}elsewhere:default"])
+@pytest.mark.parametrize("biz_type", [biz_type_for("tests.not_bound_here"),
+                                      tasks_queues.biz_type_for("elsewhere", "default")])
 def test_the_kinds_without_a_handler_of_their_own_are_known(biz_type):
     """The rule cancel() follows too (registry.check_known)."""
     assert timeouts.limits(biz_type) == timeouts.Limits()

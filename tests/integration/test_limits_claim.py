@@ -14,6 +14,7 @@ from django.db import connection, transaction
 
 import timeouts
 from tests.isolation import no_limits  # noqa: F401  (a fixture)
+from timeouts import kinds
 from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
 
@@ -243,7 +244,8 @@ def dispatcher_statements(shard_index, shard_count):
     from timeouts.store.queries import fetch_dicts, fetch_one
 
     claimed = fetch_dicts("claim_due", {"limit": 100, "lead": 0.0, "max_dispatched": 10_000,
-                                        "shard_index": shard_index, "shard_count": shard_count})
+                                        "shard_index": shard_index, "shard_count": shard_count,
+                                        "attribute_prefixes": kinds.attribute_prefixes()})
     deadline = fetch_one("claimable_deadline", {"concurrency_poll": 1.0, "shard_index": shard_index,
                                                 "shard_count": shard_count})
     return Counter(row["biz_type"] for row in claimed), deadline

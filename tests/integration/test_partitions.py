@@ -20,6 +20,7 @@ from django.test import override_settings
 
 from tests.factories import move_to
 from timeouts.dispatch.claiming import claim_due
+from timeouts.durable import calls
 from timeouts.models import TimeoutTask
 from timeouts.storage import partition_ddl, partitions
 from timeouts.store.queries import QUERIES, fetch_dicts
@@ -32,7 +33,8 @@ Status = TimeoutTask.Status
 PENDING, DISPATCHED, DONE, CANCELLED, RUNNING, DEAD = (
     Status.PENDING, Status.DISPATCHED, Status.DONE, Status.CANCELLED, Status.RUNNING, Status.DEAD)
 # The claim's parameters, on the only shard.
-CLAIM_PARAMS = {"limit": 500, "lead": 0, "max_dispatched": 10_000, "shard_index": 0, "shard_count": 1}
+CLAIM_PARAMS = {"limit": 500, "lead": 0, "max_dispatched": 10_000, "shard_index": 0, "shard_count": 1,
+                "attribute_prefixes": [calls.PREFIX]}
 
 
 def settings(**given):

@@ -310,10 +310,12 @@ def test_get_result_reads_one_partition():
     result = tasks.add.enqueue(1, 2)
     job_id, micros = result.id.split("-")
     with connection.cursor() as cursor:
+        from timeouts.backends.queues import PREFIX
         from timeouts.backends.results import parse_result_id
         from timeouts.store.queries import QUERIES
 
-        cursor.execute("EXPLAIN (FORMAT JSON) " + QUERIES["tasks_backend_result"], parse_result_id(result.id))
+        cursor.execute("EXPLAIN (FORMAT JSON) " + QUERIES["tasks_backend_result"],
+                       {**parse_result_id(result.id), "prefix": PREFIX})
         plan = json.dumps(cursor.fetchone()[0])
     assert plan.count('"Relation Name"') == 1, plan
 

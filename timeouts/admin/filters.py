@@ -10,7 +10,7 @@ from django.contrib import admin
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from timeouts import registry
+from timeouts import kinds, registry
 from timeouts.states import Status
 from timeouts.storage import shards
 
@@ -71,15 +71,16 @@ class StatusFilter(admin.SimpleListFilter):
 
 
 class BizTypeFilter(admin.SimpleListFilter):
-    """Choices are the handlers registered in this process and the Celery tasks whose calls
-    DurableTask stores (plus the value asked for, if it is not one of them: tasks of a handler
-    that was removed can still be listed). Index: timeouts_task_biz_type."""
+    """Choices are the handlers registered in this process and the biz_types it noted of each kind
+    (timeouts.kinds: the Celery tasks whose calls DurableTask stores), plus the value asked for, if it
+    is not one of them: tasks of a handler that was removed can still be listed. Index:
+    timeouts_task_biz_type."""
 
     title = "biz type"
     parameter_name = "biz_type"
 
     def lookups(self, request, model_admin):
-        names = set(registry.registered()) | registry.registered_celery_calls()
+        names = set(registry.registered()).union(*kinds.noted().values())
         value = self.value()
         if value and registry.BIZ_TYPE_RE.fullmatch(value):
             names.add(value)

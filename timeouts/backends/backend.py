@@ -5,7 +5,7 @@
 
 enqueue() inserts a row (in the caller's transaction, if any: then on a shard that transaction
 holds) due at the task's run_after, or now; the dispatcher or the scan hands it to a Celery worker
-on the queue's Celery queue (tasks_queues.py), where execution.py runs it behind the usual
+on the queue's Celery queue (queues.py), where execution.py runs it behind the usual
 compare-and-set and records its result in the row. get_result() reads that row by the key its id
 names (results.py).
 """
@@ -115,8 +115,10 @@ class TimeoutsBackend(BaseTaskBackend):
         key = results.parse_result_id(result_id)
         connection = connections[shards.alias_of_job(key["job_id"])]
         # Else it moved since (an operator requeued it), or went with its partition.
-        row = (fetch_one("tasks_backend_result", key, using=connection)
-               or fetch_one("tasks_backend_result_moved", {"job_id": key["job_id"]}, using=connection))
+        prefix = tasks_queues.PREFIX  # a row of another kind is no task of ours
+        row = (fetch_one("tasks_backend_result", {**key, "prefix": prefix}, using=connection)
+               or fetch_one("tasks_backend_result_moved", {"job_id": key["job_id"], "prefix": prefix},
+                            using=connection))
         if row is None:
             raise results.missing(result_id, key)
         if results.call_of(row)["backend"] != self.alias:

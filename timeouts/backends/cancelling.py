@@ -4,6 +4,7 @@ from django.db import connections
 
 from timeouts import events
 from timeouts.backends import results
+from timeouts.backends.queues import PREFIX
 from timeouts.states import WAITING
 from timeouts.storage import shards
 from timeouts.store.queries import fetch_one
@@ -24,12 +25,14 @@ def cancel(result_id) -> bool:
     alias = shards.alias_of_job(key["job_id"])
     connection = connections[alias]
     for _ in range(MOVES_FOLLOWED):
-        row = retry_on_conflict(lambda key=key: fetch_one("tasks_backend_cancel", key, using=connection))
+        params = {**key, "prefix": PREFIX}
+        row = retry_on_conflict(lambda params=params: fetch_one("tasks_backend_cancel", params, using=connection))
         if row is not None:
             events.cancelled(row["biz_type"], 1, alias)
             return True
         # The compare-and-set or another cancel won; or the row moved to another partition.
-        current = fetch_one("tasks_backend_result_moved", {"job_id": key["job_id"]}, using=connection)
+        current = fetch_one("tasks_backend_result_moved", {"job_id": key["job_id"], "prefix": PREFIX},
+                            using=connection)
         if current is None or current["status"] not in WAITING or current["action_time"] == key["action_time"]:
             return False
         key = {"job_id": current["job_id"], "action_time": current["action_time"]}

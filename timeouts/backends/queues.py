@@ -3,8 +3,9 @@ handlers: one biz_type per (backend alias, queue name), registered in every proc
 Django (apps.py), so the dispatcher routes each task to its Celery queue and the worker finds what
 runs it. Nothing here imports Django's tasks framework: a project without it loses nothing.
 
-A task is stored under the biz_type `tasks:<alias>:<queue>`; Django's queue "default" runs on
-Celery's default queue, any other queue name on the Celery queue of that name.
+A task is stored under the biz_type `tasks:<alias>:<queue>` (of the kind KIND, whose biz_types no
+project's handler may take); Django's queue "default" runs on Celery's default queue, any other
+queue name on the Celery queue of that name.
 """
 
 import hashlib
@@ -14,10 +15,16 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from timeouts import kinds
 from timeouts.conf import get_settings
-from timeouts.registry import BIZ_TYPE_RE, DJANGO_TASKS, Handler, register_internal
+from timeouts.registry import BIZ_TYPE_RE, Handler, register_internal
 
-PREFIX = DJANGO_TASKS
+PREFIX = "tasks:"
+# Registered with the module, so every process that loads Django knows it (apps.py), whether its
+# TASKS use this backend or not: the tasks of one that did stay in the table. Claimed as handlers'
+# tasks are: the handler of each queue's biz_type runs them (register()).
+KIND = kinds.register(kinds.Kind(
+    PREFIX, "Django task", "the tasks of Django's tasks framework that timeouts.backends.TimeoutsBackend stores"))
 BACKEND = "timeouts.backends.TimeoutsBackend"
 # Django's DEFAULT_TASK_QUEUE_NAME: the queue a task has unless it names one.
 DEFAULT_QUEUE = "default"

@@ -12,7 +12,7 @@ from datetime import datetime
 from django.db import DEFAULT_DB_ALIAS, Error
 from django.db.transaction import TransactionManagementError
 
-from timeouts import events
+from timeouts import events, kinds
 from timeouts.conf import get_settings, notify_params
 from timeouts.storage import shards
 from timeouts.store import worker_connection
@@ -68,6 +68,7 @@ def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
             "claim_due() must commit before publishing: call it outside transaction.atomic()")
     shard = worker_connection.current().alias
     params = {"limit": min(limit, MAX_CLAIM), "lead": float(lead), "max_dispatched": get_settings().MAX_DISPATCHED,
+              "attribute_prefixes": kinds.attribute_prefixes(),
               **shards.position(shard)}
 
     def claim():

@@ -15,10 +15,10 @@ from datetime import timedelta
 from celery import current_app
 from kombu.utils.uuid import uuid
 
+from timeouts import kinds
 from timeouts.conf import get_settings
 from timeouts.dispatch.brokers import is_amqp, is_redis
 from timeouts.dispatch.claiming import release
-from timeouts.durable.calls import is_call, publish_calls
 from timeouts.registry import find_handler
 from timeouts.testing import faults
 from timeouts.worker.batches import BUDGET
@@ -62,33 +62,48 @@ BACKLOG_AFTER = timedelta(seconds=1)
 
 def publish(claims) -> int:
     """Publish the claims; on a broker error, release what was not sent and re-raise. What is
-    written about a claim (released, or ended unpublished) is written on its own shard. Claims of
-    stored Celery calls (DurableTask) go as their tasks' own messages (celery_calls.py), the
-    others as below."""
-    calls = [claim for claim in claims if is_call(claim.biz_type)]
-    if not calls:
+    written about a claim (released, or ended unpublished) is written on its own shard. Claims of a
+    kind that publishes its own (timeouts.kinds: DurableTask's calls go as their tasks' own
+    messages) go through it, after the others, which go as below."""
+    own = kinds.publishing_prefixes()
+    if not own or not any(claim.biz_type.startswith(own) for claim in claims):
         return _publish_runs(claims)
-    runs = [claim for claim in claims if not is_call(claim.biz_type)]
+    runs, by_kind = [], {}
+    for claim in claims:
+        kind = kinds.of(claim.biz_type)
+        if kind is None or kind.publish is None:
+            runs.append(claim)
+        else:
+            by_kind.setdefault(kind.prefix, (kind, []))[1].append(claim)
+    groups = list(by_kind.values())
+    # What fails releases its own claims; those of the kinds not reached yet are given back too.
     try:
         sent = _publish_runs(runs) if runs else 0
     except Exception:
-        release(calls)
+        release([claim for _, own_claims in groups for claim in own_claims])
         raise
-    return sent + _publish_calls(calls)
+    for n, (kind, own_claims) in enumerate(groups, 1):
+        try:
+            sent += _publish_own(kind, own_claims)
+        except Exception:
+            release([claim for _, later in groups[n:] for claim in later])
+            raise
+    return sent
 
 
-def _publish_calls(claims) -> int:
-    """Each call's own message, pipelined as _publish_runs does. On an error (the broker's, or a
-    fault of the database or the network while a message was made) every claim is released (those
-    whose rows ended meanwhile, expired or unpublishable, stay ended): a message that reached the
-    broker all the same is dropped by the worker's compare-and-set, as after any repeat."""
+def _publish_own(kind, claims) -> int:
+    """Each claim's own message, made by its kind, pipelined as _publish_runs does. On an error (the
+    broker's, or a fault of the database or the network while a message was made) every claim is
+    released (those whose rows ended meanwhile, expired or unpublishable, stay ended): a message
+    that reached the broker all the same is dropped by the worker's compare-and-set, as after any
+    repeat."""
     app = current_app
     try:
         with app.producer_or_acquire() as producer, _pipelined(producer):
-            for _ in publish_calls(app, claims, producer, RETRY_POLICY, ETA_HEADROOM):
+            for _ in kind.publish(app, claims, producer, RETRY_POLICY, ETA_HEADROOM):
                 pass
     except Exception:
-        logger.exception("timeouts: publishing failed; releasing %d claimed calls", len(claims))
+        logger.exception("timeouts: publishing failed; releasing %d claims of %s", len(claims), kind.label)
         release(claims)
         raise
     return len(claims)

@@ -28,10 +28,10 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from kombu.utils import json as kombu_json
 from kombu.utils.uuid import uuid
 
-from timeouts import events, validation
+from timeouts import events, kinds, validation
 from timeouts.conf import get_settings
 from timeouts.errors import InvalidAttribute
-from timeouts.registry import BIZ_TYPE_RE, CELERY_CALLS
+from timeouts.registry import BIZ_TYPE_RE
 from timeouts.states import Status
 from timeouts.storage import shards
 from timeouts.store import worker_connection
@@ -40,7 +40,8 @@ from timeouts.store.serialization import retry_on_conflict
 
 logger = logging.getLogger(__name__)
 
-PREFIX = CELERY_CALLS
+# The biz_types of stored calls (biz_type_for): this kind's (KIND, below), no handler's.
+PREFIX = "celery:"
 # The header of a published call that carries its row's fence.
 FENCE_HEADER = "timeouts"
 # The attribute's format, so that a later version can read the calls an older one stored.
@@ -76,10 +77,6 @@ def biz_type_for(name: str) -> str:
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
     cleaned = re.sub(r"[^A-Za-z0-9_.:-]", "_", name)[:64 - len(PREFIX) - len(digest) - 1]
     return f"{PREFIX}{cleaned}-{digest}"
-
-
-def is_call(biz_type: str) -> bool:
-    return biz_type.startswith(PREFIX)
 
 
 # --- Storing a call (the caller's process) --------------------------------------------------------
@@ -217,6 +214,11 @@ def publish_calls(app, claims, producer, retry_policy, eta_headroom):
         yield claim
 
 
+# Claimed calls come with their attribute, and go as their tasks' own messages.
+KIND = kinds.register(kinds.Kind(PREFIX, "DurableTask", "the Celery calls that timeouts.celery.DurableTask stores",
+                                 claim_returns_attribute=True, publish=publish_calls))
+
+
 def _readable(claim) -> dict:
     """The stored call, back to what Celery's JSON serializer read (datetimes, UUIDs and Decimals
     as given), if this version can make its message."""
@@ -301,7 +303,8 @@ def cancel(task_id) -> bool:
     task_id = validation.biz_id(task_id)
     using = shards.hashed(task_id).alias
     connection = connections[using]
-    rows = retry_on_conflict(lambda: fetch_dicts("cancel_call", {"task_id": task_id}, using=connection), using=using)
+    params = {"task_id": task_id, "prefix": PREFIX}
+    rows = retry_on_conflict(lambda: fetch_dicts("cancel_call", params, using=connection), using=using)
     for row in rows:
         events.cancelled(row["biz_type"], 1, using)
     return bool(rows)

@@ -35,7 +35,7 @@ from celery.utils.time import maybe_make_aware
 from dateutil.parser import isoparse
 from django.db import DEFAULT_DB_ALIAS
 
-from timeouts import registry
+from timeouts import kinds
 from timeouts.durable import calls as celery_calls
 from timeouts.durable.calls import FENCE_HEADER
 from timeouts.storage import shards
@@ -64,7 +64,7 @@ class DurableTask(Task):
         """Celery binds each task class to its app: the admin then offers its calls' biz_type."""
         super().on_bound(app)
         if cls.name and not cls.name.startswith((CELERY_INTERNAL, TIMEOUTS_OWN)):
-            registry.register_celery_call(celery_calls.biz_type_for(cls.name))
+            kinds.note(celery_calls.biz_type_for(cls.name))
 
     def apply_async(self, args=None, kwargs=None, task_id=None, producer=None, link=None, link_error=None,
                     shadow=None, **options):
@@ -212,7 +212,8 @@ def _end_timed_out(task_id, exc):
 
     try:
         with worker_connection.used(shards.hashed(task_id).alias):  # where celery_calls.store() put it
-            rows = fetch_dicts("end_timed_out_call", {"task_id": task_id, "error": f"killed: {exc!r}"})
+            rows = fetch_dicts("end_timed_out_call", {"task_id": task_id, "prefix": celery_calls.PREFIX,
+                                                        "error": f"killed: {exc!r}"})
     except Exception:
         logger.exception("timeouts: could not record that call %s was killed at its time limit", task_id)
         return

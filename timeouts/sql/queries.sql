@@ -342,11 +342,12 @@ claimed AS (
       -- Repeated for the UPDATE's own scan, so it too skips future partitions.
       AND t.action_time <= now() + %(lead)s * interval '1 second'
     -- The partition that holds the row: the worker's start and DONE run on it (queries.py, ON_PARTITION).
-    -- A stored Celery call (celery_calls.py) comes with its attribute, the call its message is made of;
-    -- a handler's task, without.
+    -- A task of a kind whose claims come with their attribute (timeouts/kinds.py: a stored Celery call,
+    -- the call its message is made of) has it here: its biz_type starts with one of
+    -- the parameter attribute_prefixes (`^@`: starts with); a handler's task, without.
     RETURNING t.job_id, t.action_time, t.run_at, t.biz_type, t.attempts, t.ttr, now() AS claimed_at,
               t.tableoid::regclass::text AS partition,
-              CASE WHEN t.biz_type LIKE 'celery:%%' THEN t.attribute END AS call
+              CASE WHEN t.biz_type ^@ ANY (%(attribute_prefixes)s::text[]) THEN t.attribute END AS call
 ),
 -- The limited biz_types' rows: what their claims used of the bucket, and a new row version, which
 -- tells a claimer whose snapshot is older that its counts are stale.
@@ -488,8 +489,9 @@ WHERE t.job_id = expired.job_id AND t.action_time = expired.action_time
 RETURNING t.job_id, t.status, t.biz_type, timeouts_notify_v1(%(channel)s, CASE WHEN t.status = :PENDING THEN t.run_at END, c.now) AS notified;
 
 
--- Calls of Celery tasks stored by DurableTask (timeouts/celery_calls.py): rows whose biz_type starts
--- with "celery:", whose biz_id is the Celery task_id and whose attribute is the call.
+-- Calls of Celery tasks stored by DurableTask (timeouts/durable/calls.py): rows whose biz_type starts
+-- with the prefix of their kind (the parameter prefix: calls.PREFIX), whose biz_id is the Celery
+-- task_id and whose attribute is the call.
 
 -- name: end_claim
 -- Ends a claimed Celery call that is not published: CANCELLED (expired) or DEAD.
@@ -566,7 +568,7 @@ RETURNING job_id;
 UPDATE timeouts_task
 SET status = :CANCELLED, finished_at = c.now, modified_at = c.now, lease_until = NULL
 FROM (SELECT clock_timestamp() AS now) AS c
-WHERE biz_id = %(task_id)s AND biz_type LIKE 'celery:%%' AND status IN (:PENDING, :DISPATCHED)
+WHERE biz_id = %(task_id)s AND starts_with(biz_type, %(prefix)s) AND status IN (:PENDING, :DISPATCHED)
 RETURNING job_id, biz_type;
 
 
@@ -579,7 +581,7 @@ RETURNING job_id, biz_type;
 UPDATE timeouts_task
 SET status = :DEAD, finished_at = c.now, modified_at = c.now, lease_until = NULL, last_error = %(error)s
 FROM (SELECT clock_timestamp() AS now) AS c
-WHERE biz_id = %(task_id)s AND biz_type LIKE 'celery:%%' AND status = :RUNNING
+WHERE biz_id = %(task_id)s AND starts_with(biz_type, %(prefix)s) AND status = :RUNNING
 RETURNING job_id, biz_type;
 
 

@@ -1,7 +1,7 @@
--- Tasks of Django's tasks framework (timeouts/backends): rows whose biz_type starts with "tasks:"
--- (timeouts/tasks_queues.py), whose attribute is the call (the task's path, its arguments, the
--- backend's alias) and whose result lives in the columns return_value, errors and worker_ids
--- (sql/migrations/0001_tasks.sql). A result id names the row's key, so every statement here finds
+-- Tasks of Django's tasks framework (timeouts/backends): rows whose biz_type starts with the prefix
+-- of their kind (the parameter prefix: queues.PREFIX), whose attribute is the call (the task's path,
+-- its arguments, the backend's alias) and whose result lives in the columns return_value, errors
+-- and worker_ids (sql/migrations/0001_tasks.sql). A result id names the row's key, so every statement here finds
 -- its row by primary key in one partition. The worker's statements commit without waiting for the WAL flush, as
 -- finish_task does: each is followed by running.py's outcome (finish_task, fail_task), which comes
 -- later in the WAL, so a crash that loses one of them loses that outcome too, and the task runs
@@ -15,7 +15,7 @@
 SELECT job_id, action_time, biz_type, status, attribute::text AS attribute, attempts, max_attempts, last_error,
        created_at, started_at, finished_at, return_value::text AS return_value, errors::text AS errors, worker_ids
 FROM timeouts_task
-WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND biz_type LIKE 'tasks:%%';
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND starts_with(biz_type, %(prefix)s);
 
 
 -- name: tasks_backend_result_moved
@@ -26,7 +26,7 @@ WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND biz_type LIKE 't
 SELECT job_id, action_time, biz_type, status, attribute::text AS attribute, attempts, max_attempts, last_error,
        created_at, started_at, finished_at, return_value::text AS return_value, errors::text AS errors, worker_ids
 FROM timeouts_task
-WHERE job_id = %(job_id)s AND biz_type LIKE 'tasks:%%';
+WHERE job_id = %(job_id)s AND starts_with(biz_type, %(prefix)s);
 
 
 -- name: tasks_backend_started
@@ -78,6 +78,6 @@ RETURNING job_id;
 UPDATE timeouts_task
 SET status = :CANCELLED, finished_at = c.now, modified_at = c.now, lease_until = NULL
 FROM (SELECT clock_timestamp() AS now) AS c
-WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND biz_type LIKE 'tasks:%%'
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND starts_with(biz_type, %(prefix)s)
   AND status IN (:PENDING, :DISPATCHED)
 RETURNING job_id, biz_type;

@@ -28,7 +28,7 @@ from django.core.exceptions import EmptyResultSet
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone
 
-from timeouts import registry
+from timeouts import kinds, registry
 from timeouts.states import Status
 from timeouts.storage import partitions, shards
 from timeouts.store.queries import QUERIES, fetch_dicts, fetch_one
@@ -265,19 +265,20 @@ class BizTypeLimits:
 @dataclass(frozen=True)
 class BizType:
     name: str
-    sources: tuple[str, ...]  # why it is listed: "handler", "DurableTask", "waiting", "limits"
+    sources: tuple[str, ...]  # why it is listed: "handler", a kind's label ("DurableTask"), "waiting", "limits"
     limits: BizTypeLimits
     overdue: Count
     running: Count
 
 
 def biz_types(now, *, using=DEFAULT_DB_ALIAS) -> list[BizType]:
-    """Every biz_type the deployment knows, in order: the handlers and DurableTask tasks of this
-    process, the biz_types with PENDING tasks and those with limits stored; each with its limits and
-    pause (from one read of the limits table) and its overdue count at `now`."""
+    """Every biz_type the deployment knows, in order: the handlers of this process and the biz_types
+    it noted of each kind (timeouts.kinds: its DurableTask tasks), the biz_types with PENDING tasks
+    and those with limits stored; each with its limits and pause (from one read of the limits
+    table) and its overdue count at `now`."""
     stored = stored_limits(using=using)
     sources = {}
-    for source, names in (("handler", registry.registered()), ("DurableTask", registry.registered_celery_calls()),
+    for source, names in (("handler", registry.registered()), *kinds.noted().items(),
                           ("waiting", waiting_biz_types(using=using)), ("limits", stored)):
         for name in names:
             sources.setdefault(name, []).append(source)

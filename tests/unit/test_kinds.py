@@ -1,0 +1,127 @@
+"""Kinds of work (timeouts.kinds): the core knows its extensions only through their registered kinds."""
+
+import re
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+import timeouts
+from timeouts import kinds, registry
+from timeouts.backends import queues
+from timeouts.durable import calls
+from timeouts.errors import InvalidBizType, UnknownBizType
+
+PACKAGE = Path(timeouts.__file__).resolve().parent
+# The extensions, each the only owner of its kind's prefix.
+EXTENSIONS = {calls.PREFIX: PACKAGE / "durable", queues.PREFIX: PACKAGE / "backends"}
+
+
+def publish(app, claims, producer, retry_policy, eta_headroom):
+    yield from claims
+
+
+@pytest.fixture
+def kind():
+    """A kind of the tests' own, forgotten afterwards."""
+    registered = kinds.register(kinds.Kind("test-kind:", "test kind", "the test's own", claim_returns_attribute=True,
+                                           publish=publish))
+    yield registered
+    kinds.unregister(registered)
+    registry.unregister("test-kind-owner")
+
+
+def test_no_prefix_of_an_extension_is_written_outside_it():
+    # A prefix as code or SQL spells it: right after a quote or a backtick (prose may end a phrase in "tasks:").
+    spelled = {prefix: re.compile(rf"[\"'`]{re.escape(prefix)}") for prefix in EXTENSIONS}
+    found = []
+    for path in sorted(PACKAGE.rglob("*")):
+        if not path.is_file() or path.suffix not in {".py", ".sql", ".html", ".txt", ".md"}:
+            continue
+        text = path.read_text()
+        for prefix, pattern in spelled.items():
+            if path.is_relative_to(EXTENSIONS[prefix]):
+                continue
+            found += [f"{path.relative_to(PACKAGE)}:{text.count(chr(10), 0, m.start()) + 1}: {prefix}"
+                      for m in pattern.finditer(text)]
+    assert found == []
+
+
+def test_the_extensions_register_their_kinds_as_they_load():
+    assert kinds.of(calls.biz_type_for("shop.tasks.charge")) is calls.KIND
+    assert kinds.of(queues.biz_type_for("default", "emails")) is queues.KIND
+    assert kinds.of("shop.charge") is None
+    assert calls.KIND.claim_returns_attribute and calls.KIND.publish is not None
+    assert not queues.KIND.claim_returns_attribute and queues.KIND.publish is None  # run as handlers' tasks
+    assert kinds.attribute_prefixes() == [calls.PREFIX]
+    assert kinds.publishing_prefixes() == (calls.PREFIX,)
+
+
+def test_a_kind_registered_again_replaces_itself(kind):
+    again = kinds.register(kinds.Kind("test-kind:", "test kind", "the test's own"))
+    assert kinds.of("test-kind:x") is again
+    assert kinds.attribute_prefixes() == [calls.PREFIX]  # derived from the kind now registered
+    assert kinds.publishing_prefixes() == (calls.PREFIX,)
+    kinds.register(kind)
+    assert kinds.attribute_prefixes() == [calls.PREFIX, "test-kind:"]
+
+
+@pytest.mark.parametrize("prefix", ["test-kind:", "test-kind:sub:", "test-"])
+def test_another_kind_may_not_take_a_prefix_that_overlaps_one(kind, prefix):
+    with pytest.raises(ImproperlyConfigured, match="overlaps the prefix 'test-kind:' of the kind 'test kind'"):
+        kinds.register(kinds.Kind(prefix, "another kind", "another's"))
+    assert kinds.of("test-kind:x") is kind
+
+
+def test_a_label_names_one_kind(kind):
+    with pytest.raises(ImproperlyConfigured, match="already labelled 'test kind'"):
+        kinds.register(kinds.Kind("test-other:", "test kind", "another's"))
+
+
+@pytest.mark.parametrize("prefix", ["", "has space", "x" * 33, None])
+def test_a_bad_prefix_is_refused(prefix):
+    with pytest.raises(ImproperlyConfigured, match="prefix must be 1 to 32 characters"):
+        kinds.register(kinds.Kind(prefix, "test bad", "none"))
+
+
+@pytest.mark.parametrize("biz_type, says", [
+    ("celery:shop.tasks.charge", "the Celery calls that timeouts.celery.DurableTask stores"),
+    ("tasks:elsewhere:default", "the tasks of Django's tasks framework that timeouts.backends.TimeoutsBackend stores"),
+])
+def test_no_handler_may_take_a_biz_type_of_a_kind(biz_type, says):
+    with pytest.raises(ImproperlyConfigured, match=re.escape(says)):
+        timeouts.handler(biz_type)(lambda task: None)
+    assert registry.find_handler(biz_type) is None
+
+
+def test_no_handler_may_take_a_biz_type_of_a_kind_registered_later(kind):
+    with pytest.raises(ImproperlyConfigured, match="starting with 'test-kind:' are the test's own"):
+        timeouts.handler("test-kind:mine")(lambda task: None)
+
+
+def test_a_kind_is_refused_when_a_handler_has_one_of_its_biz_types():
+    timeouts.handler("test-kind-owner")(lambda task: None)
+    try:
+        with pytest.raises(ImproperlyConfigured, match="handlers are registered for 'test-kind-owner'"):
+            kinds.register(kinds.Kind("test-kind-", "test kind", "the test's own"))
+        assert kinds.of("test-kind-owner") is None
+    finally:
+        registry.unregister("test-kind-owner")
+
+
+def test_every_biz_type_of_a_kind_is_known_others_need_a_handler(kind):
+    for biz_type in ("test-kind:anything", calls.biz_type_for("not.bound.here"), queues.biz_type_for("x", "y")):
+        assert registry.check_known(biz_type) == biz_type
+    with pytest.raises(UnknownBizType, match="no handler is registered for biz_type 'test-kind-x'"):
+        registry.check_known("test-kind-x")
+    with pytest.raises(InvalidBizType):
+        registry.check_known("test-kind: has a space")
+
+
+def test_noted_biz_types_are_listed_by_their_kind_s_label(kind):
+    kinds.note("test-kind:listed")
+    assert kinds.noted()["test kind"] == {"test-kind:listed"}
+    with pytest.raises(ValueError, match="of no registered kind"):
+        kinds.note("test.unkinded")
+    kinds.unregister(kind)
+    assert "test kind" not in kinds.noted()
