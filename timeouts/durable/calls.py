@@ -92,7 +92,7 @@ def store(app, name, args, kwargs, task_id, eta, options, *, ttr=None):
     shard of its task_id (cancel() finds it there); inside the caller's transaction, a shard outside
     it raises ShardOutsideTransaction (new_task_id() picks one inside it)."""
     from timeouts.models import TimeoutTask
-    from timeouts.store.scheduling import NewTask, _insert
+    from timeouts.store.scheduling import NewTask, insert
 
     settings = get_settings()
     call = _call(app, name, args, kwargs, task_id, options)
@@ -118,7 +118,7 @@ def store(app, name, args, kwargs, task_id, eta, options, *, ttr=None):
     shards.require_transaction([where.alias], f"the call {name}[{task_id}]",
                                "leave the task_id to DurableTask, which then picks one that lands on a shard "
                                "of your transaction")
-    return events.scheduled(_insert(TimeoutTask, new, where, connections[where.alias]), where.alias)
+    return events.scheduled(insert(TimeoutTask, new, where, connections[where.alias]), where.alias)
 
 
 def new_task_id() -> str:
