@@ -34,7 +34,7 @@ from timeouts.errors import InvalidAttribute
 from timeouts.registry import BIZ_TYPE_RE, CELERY_CALLS
 from timeouts.states import Status
 from timeouts.storage import shards
-from timeouts.store import worker_connection
+from timeouts.store import transitions, worker_connection
 from timeouts.store.queries import fetch_dicts
 from timeouts.store.serialization import retry_on_conflict
 
@@ -299,10 +299,4 @@ def cancel(task_id) -> bool:
     if not isinstance(task_id, str):
         task_id = getattr(task_id, "id", task_id)  # an AsyncResult
     task_id = validation.biz_id(task_id)
-    using = shards.hashed(task_id).alias
-    connection = connections[using]
-    rows = retry_on_conflict(lambda: fetch_dicts("cancel_call", {"task_id": task_id}, using=connection), using=using)
-    for row in rows:
-        events.cancelled(row["biz_type"], 1, using)
-    return bool(rows)
-
+    return transitions.cancel_call(task_id, shards.hashed(task_id).alias)
