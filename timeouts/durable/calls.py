@@ -34,9 +34,8 @@ from timeouts.errors import InvalidAttribute
 from timeouts.registry import BIZ_TYPE_RE, CELERY_CALLS
 from timeouts.states import Status
 from timeouts.storage import shards
-from timeouts.store import transitions, worker_connection
-from timeouts.store.queries import fetch_dicts
-from timeouts.store.serialization import retry_on_conflict
+from timeouts.store import transitions
+from timeouts.store.claims import end_claim
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +207,7 @@ def publish_calls(app, claims, producer, retry_policy, eta_headroom):
             # The call itself (its stored content, or a router that refuses it): given back, it
             # would fail again at every claim. An operator may requeue it once that is fixed.
             logger.exception("timeouts: the message of claimed call job %s cannot be made", claim.job_id)
-            _end_claim(claim, Status.DEAD, f"its message cannot be made: {exc!r}")
+            end_claim(claim.shard, claim.job_id, claim.action_time, Status.DEAD, f"its message cannot be made: {exc!r}")
             message = None
         if message is not None:
             name, message, options = message
@@ -239,21 +238,14 @@ def _expired(app, claim, call) -> bool:
     if maybe_make_aware(expires_at, tz=app.timezone) > app.now():
         return False
     error = f"expired at {expires_at.isoformat()} before it was due: not run"
-    row = _end_claim(claim, Status.CANCELLED, error)
+    ended = end_claim(claim.shard, claim.job_id, claim.action_time, Status.CANCELLED, error)
     logger.warning("timeouts: %s[%s] %s", call["task"], call["id"], error)
-    if row and not call["message"].get("ignore_result"):
+    if ended and not call["message"].get("ignore_result"):
         try:  # what a Celery worker records for an expired message
             app.backend.mark_as_revoked(call["id"], "expired")
         except Exception:
             logger.exception("timeouts: could not record %s[%s] as revoked", call["task"], call["id"])
     return True
-
-
-def _end_claim(claim, status, error):
-    """End the claim's row on its shard, from whichever thread publishes it."""
-    params = {"job_id": claim.job_id, "action_time": claim.action_time, "status": int(status), "error": error}
-    db = worker_connection.for_shard(claim.shard)
-    return retry_on_conflict(lambda: fetch_dicts("end_claim", params, using=db), using=claim.shard)
 
 
 def _message(app, claim, call, eta_headroom):
