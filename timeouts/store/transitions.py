@@ -84,7 +84,7 @@ def cancel_backend_task(key: dict, using: str) -> bool:
     action_time changed): it is followed where it is now."""
     connection = connections[using]
     for _ in range(MOVES_FOLLOWED):
-        row = retry_on_conflict(lambda key=key: fetch_one("tasks_backend_cancel", key, using=connection))
+        row = retry_on_conflict(lambda key=key: fetch_one("tasks_backend_cancel", key, using=connection), using=using)
         if row is not None:
             events.cancelled(row["biz_type"], 1, using)
             return True
