@@ -174,6 +174,50 @@ def test_a_django_task_is_found_and_cancelled_on_its_shard_by_its_result_id(djan
     assert TimeoutTask.objects.using(shards.alias_of_job(job_id)).get(job_id=job_id).status == Status.CANCELLED
 
 
+def test_a_django_task_cancelled_in_a_transaction_on_its_shard_follows_a_row_moved_meanwhile(django_task_tables):
+    """A move under the cancel (SQLSTATE 40001) is retried in a savepoint of the caller's transaction on
+    the task's shard, not of one on default, so the transaction goes on and the cancel wins."""
+    from tests.testapp import django_tasks
+
+    with transaction.atomic(using="shard_b"):
+        result = django_tasks.add.using(run_after=in_an_hour()).enqueue(1, 1)
+    job_id = int(result.id.split("-")[0])
+    moved, release_move = threading.Event(), threading.Event()
+    outcome = {}
+
+    def reschedule_and_hold():
+        try:
+            with transaction.atomic(using="shard_b"):
+                outcome["moved"] = TimeoutTask.objects.using("shard_b").get(job_id=job_id).reschedule(
+                    delay=timedelta(days=5))
+                moved.set()
+                release_move.wait(10)
+        finally:
+            connections.close_all()
+
+    def cancel_in_a_transaction():
+        try:
+            with transaction.atomic(using="shard_b"):
+                outcome["cancelled"] = backend_cancel(result.id)
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            outcome["error"] = exc
+        finally:
+            connections.close_all()
+
+    mover = threading.Thread(target=reschedule_and_hold)
+    mover.start()
+    assert moved.wait(10)
+    canceller = threading.Thread(target=cancel_in_a_transaction)
+    canceller.start()
+    canceller.join(0.3)
+    assert canceller.is_alive()  # waits for the mover's row lock
+    release_move.set()
+    mover.join(10), canceller.join(10)
+    assert outcome.get("moved") is True
+    assert outcome.get("error") is None and outcome.get("cancelled") is True
+    assert TimeoutTask.objects.using("shard_b").get(job_id=job_id).status == Status.CANCELLED
+
+
 def where_call(task_id) -> list[str]:
     return [alias for alias in ALIASES if TimeoutTask.objects.using(alias).filter(biz_id=task_id).exists()]
 

@@ -33,7 +33,7 @@ from timeouts.errors import InvalidAttribute
 from timeouts.models import TimeoutTask
 from timeouts.storage import shards
 from timeouts.store.queries import fetch_one
-from timeouts.store.scheduling import NewTask, _insert
+from timeouts.store.scheduling import NewTask, insert
 
 # The attribute's format, so that a later version can read the tasks an older one stored.
 FORMAT = 1
@@ -76,7 +76,7 @@ class TimeoutsBackend(BaseTaskBackend):
         # Any shard will do (the result id names it): inside the caller's transaction, one it holds.
         where = shards.anywhere(f"the task {task.module_path}")
         connection = connections[where.alias]
-        row = events.scheduled(_insert(TimeoutTask, new, where, connection), where.alias)
+        row = events.scheduled(insert(TimeoutTask, new, where, connection), where.alias)
         result = TaskResult(
             task=task, id=results.result_id(row.job_id, row.action_time), status=TaskResultStatus.READY,
             enqueued_at=row.created_at, started_at=None, finished_at=None, last_attempted_at=None,

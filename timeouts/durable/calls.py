@@ -34,9 +34,8 @@ from timeouts.errors import InvalidAttribute
 from timeouts.registry import BIZ_TYPE_RE
 from timeouts.states import Status
 from timeouts.storage import shards
-from timeouts.store import worker_connection
-from timeouts.store.queries import fetch_dicts
-from timeouts.store.serialization import retry_on_conflict
+from timeouts.store import transitions
+from timeouts.store.claims import end_claim
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +88,7 @@ def store(app, name, args, kwargs, task_id, eta, options, *, ttr=None):
     shard of its task_id (cancel() finds it there); inside the caller's transaction, a shard outside
     it raises ShardOutsideTransaction (new_task_id() picks one inside it)."""
     from timeouts.models import TimeoutTask
-    from timeouts.store.scheduling import NewTask, _insert
+    from timeouts.store.scheduling import NewTask, insert
 
     settings = get_settings()
     call = _call(app, name, args, kwargs, task_id, options)
@@ -115,7 +114,7 @@ def store(app, name, args, kwargs, task_id, eta, options, *, ttr=None):
     shards.require_transaction([where.alias], f"the call {name}[{task_id}]",
                                "leave the task_id to DurableTask, which then picks one that lands on a shard "
                                "of your transaction")
-    return events.scheduled(_insert(TimeoutTask, new, where, connections[where.alias]), where.alias)
+    return events.scheduled(insert(TimeoutTask, new, where, connections[where.alias]), where.alias)
 
 
 def new_task_id() -> str:
@@ -205,7 +204,7 @@ def publish_calls(app, claims, producer, retry_policy, eta_headroom):
             # The call itself (its stored content, or a router that refuses it): given back, it
             # would fail again at every claim. An operator may requeue it once that is fixed.
             logger.exception("timeouts: the message of claimed call job %s cannot be made", claim.job_id)
-            _end_claim(claim, Status.DEAD, f"its message cannot be made: {exc!r}")
+            end_claim(claim.shard, claim.job_id, claim.action_time, Status.DEAD, f"its message cannot be made: {exc!r}")
             message = None
         if message is not None:
             name, message, options = message
@@ -241,21 +240,14 @@ def _expired(app, claim, call) -> bool:
     if maybe_make_aware(expires_at, tz=app.timezone) > app.now():
         return False
     error = f"expired at {expires_at.isoformat()} before it was due: not run"
-    row = _end_claim(claim, Status.CANCELLED, error)
+    ended = end_claim(claim.shard, claim.job_id, claim.action_time, Status.CANCELLED, error)
     logger.warning("timeouts: %s[%s] %s", call["task"], call["id"], error)
-    if row and not call["message"].get("ignore_result"):
+    if ended and not call["message"].get("ignore_result"):
         try:  # what a Celery worker records for an expired message
             app.backend.mark_as_revoked(call["id"], "expired")
         except Exception:
             logger.exception("timeouts: could not record %s[%s] as revoked", call["task"], call["id"])
     return True
-
-
-def _end_claim(claim, status, error):
-    """End the claim's row on its shard, from whichever thread publishes it."""
-    params = {"job_id": claim.job_id, "action_time": claim.action_time, "status": int(status), "error": error}
-    db = worker_connection.for_shard(claim.shard)
-    return retry_on_conflict(lambda: fetch_dicts("end_claim", params, using=db), using=claim.shard)
 
 
 def _message(app, claim, call, eta_headroom):
@@ -301,11 +293,4 @@ def cancel(task_id) -> bool:
     if not isinstance(task_id, str):
         task_id = getattr(task_id, "id", task_id)  # an AsyncResult
     task_id = validation.biz_id(task_id)
-    using = shards.hashed(task_id).alias
-    connection = connections[using]
-    params = {"task_id": task_id, "prefix": PREFIX}
-    rows = retry_on_conflict(lambda: fetch_dicts("cancel_call", params, using=connection), using=using)
-    for row in rows:
-        events.cancelled(row["biz_type"], 1, using)
-    return bool(rows)
-
+    return transitions.cancel_call(task_id, PREFIX, shards.hashed(task_id).alias)

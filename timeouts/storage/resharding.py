@@ -16,12 +16,13 @@ slot that has a task DISPATCHED or RUNNING, and to move anything while SHARD_ROU
 from collections import defaultdict
 from dataclasses import dataclass
 
-from django.db import connections, transaction
+from django.db import connections
 
 from timeouts.conf import get_settings
 from timeouts.errors import TimeoutsError
 from timeouts.storage.shards import SLOTS, shard_index
-from timeouts.store.queries import QUERIES, execute, fetch_dicts, fetch_one
+from timeouts.store import slot_moves
+from timeouts.store.queries import execute, fetch_dicts, fetch_one
 
 
 class ReshardError(TimeoutsError):
@@ -72,26 +73,13 @@ def check(move: Move):
 def apply(move: Move) -> int:
     """Copy the slots' rows into the target, then delete them from the source; returns how many
     the source held."""
-    source, target = connections[move.source], connections[move.target]
-    params = {"slots": list(move.slots)}
-    with transaction.atomic(using=move.target):
-        execute("create_moving_rows", using=target).close()
-        with source.cursor() as reading, target.cursor() as writing:
-            with reading.cursor.copy(QUERIES["slot_rows"], params) as rows, \
-                    writing.cursor.copy(QUERIES["copy_moving_rows"]) as copy:
-                for chunk in rows:
-                    copy.write(chunk)
-        execute("insert_moving_rows", using=target).close()
-    with transaction.atomic(using=move.source):
-        with execute("delete_slot_rows", params, using=source) as deleted:
-            return deleted.rowcount
+    slot_moves.copy_slots(move.source, move.target, move.slots)
+    return slot_moves.delete_slots(move.source, move.slots)
 
 
 def raise_sequences(aliases: list[str]):
     """Every shard's job id sequence past the highest value any of them has given."""
-    highest = max(fetch_one("last_sequence_value", using=connections[alias])["value"] for alias in aliases)
-    for alias in aliases:
-        execute("raise_sequence", {"value": highest}, using=connections[alias]).close()
+    slot_moves.raise_sequences(aliases)
 
 
 def copy_limits(source: str, targets: list[str]) -> None:

@@ -74,7 +74,7 @@ def schedule(model, biz_type, biz_id, *, at=None, delay=None, attribute=None, on
     where = shards.place(new.biz_type, new.biz_id, using)
     _require_transaction([where.alias], f"the task {new.biz_type}:{new.biz_id}", chosen=using is not None)
     if new.on_conflict is None:
-        return events.scheduled(_insert(model, new, where, connections[where.alias]), where.alias)
+        return events.scheduled(insert(model, new, where, connections[where.alias]), where.alias)
     with transaction.atomic(using=where.alias):
         task, _created = _schedule_keyed(model, new, where)
     return task
@@ -104,13 +104,15 @@ def _schedule_keyed(model, new: NewTask, where: shards.Place):
             return model._from_row(waiting[0], using), False
         replaced = execute("cancel_by_key", {**key, "statuses": list(WAITING)}, using=connection)
         events.cancelled_rows(new.biz_type, replaced, using)
-    return events.scheduled(_insert(model, new, where, connection), using), True
+    return events.scheduled(insert(model, new, where, connection), using), True
 
 
-def _insert(model, new: NewTask, where: shards.Place, connection):
-    """INSERT one task; returns it as stored: the query returns what the database decided, the call
-    gives the rest. A statement that is its own transaction notifies without the once-per-transaction
-    function (insert_task_autocommit)."""
+def insert(model, new: NewTask, where: shards.Place, connection):
+    """INSERT one task, checked (prepare()) and placed (shards) by the caller; returns it as stored:
+    the query returns what the database decided, the call gives the rest. The one insert of a task
+    row, for schedule(), a stored Celery call (durable/calls.py) and an enqueued task of Django's
+    tasks framework (backends/backend.py). A statement that is its own transaction notifies without
+    the once-per-transaction function (insert_task_autocommit)."""
     query = "insert_task_autocommit" if connection.get_autocommit() else "insert_task"
     row = fetch_values(query, new.params(where.slot), using=connection)
     job_id, action_time, attribute, created_at, _notified = row

@@ -1,4 +1,6 @@
-"""State changes asked for by users: cancel, reschedule, requeue.
+"""State changes asked for by users: cancel, reschedule, requeue; and the cancels of a stored
+Celery call by its task_id (timeouts.celery.cancel) and of a task of Django's tasks framework by its
+result id (timeouts.backends.cancel).
 
 Each is one conditional UPDATE on (job_id, action_time), so it prunes to one partition and row
 locking orders it against the worker's compare-and-set: whichever commits first wins, the other
@@ -64,3 +66,35 @@ def cancel_by_key(biz_type, biz_id, *, using=None) -> int:
     connection = connections[using]
     rows = retry_on_conflict(lambda: fetch_dicts("cancel_by_key", params, using=connection), using=using)
     return events.cancelled(biz_type, len(rows), using)
+
+
+def cancel_call(task_id: str, prefix: str, using: str) -> bool:
+    """Every waiting call of the Celery `task_id` (checked) on its shard `using`; True means none
+    of them will ever start."""
+    connection = connections[using]
+    params = {"task_id": task_id, "prefix": prefix}
+    rows = retry_on_conflict(lambda: fetch_dicts("cancel_call", params, using=connection), using=using)
+    for row in rows:
+        events.cancelled(row["biz_type"], 1, using)
+    return bool(rows)
+
+
+def cancel_backend_task(key: dict, prefix: str, using: str) -> bool:
+    """The task of Django's tasks framework at `key` (its job_id and action_time) on its shard
+    `using`, if it has not started: True means it never runs. A requeued row has moved (its
+    action_time changed): it is followed where it is now."""
+    connection = connections[using]
+    for _ in range(MOVES_FOLLOWED):
+        params = {**key, "prefix": prefix}
+        row = retry_on_conflict(lambda params=params: fetch_one("tasks_backend_cancel", params, using=connection),
+                                using=using)
+        if row is not None:
+            events.cancelled(row["biz_type"], 1, using)
+            return True
+        # The compare-and-set or another cancel won; or the row moved to another partition.
+        current = fetch_one("tasks_backend_result_moved", {"job_id": key["job_id"], "prefix": prefix},
+                            using=connection)
+        if current is None or current["status"] not in WAITING or current["action_time"] == key["action_time"]:
+            return False
+        key = {"job_id": current["job_id"], "action_time": current["action_time"]}
+    return False
