@@ -65,11 +65,9 @@ def writes_tasks(sql: str) -> bool:
 
 def _named_queries() -> dict[str, str]:
     """Every named query of every SQL file of timeouts/sql, and the variants store/queries.py derives."""
-    found = {}
-    for path in sorted((PACKAGE / "sql").glob("*.sql")):
-        found.update(queries.parse(path.read_text()))
-    found.update(queries.QUERIES)
-    return found
+    files = {path.name for path in (PACKAGE / "sql").glob("*.sql")}
+    assert files == set(queries.QUERY_FILES), "the loader reads every SQL file of timeouts/sql"
+    return dict(queries.QUERIES)
 
 
 WRITING = frozenset(name for name, sql in _named_queries().items() if writes_tasks(sql))
