@@ -22,3 +22,5 @@ class TimeoutsConfig(AppConfig):
         from timeouts import checks, tasks  # noqa: F401
         from timeouts.dispatch import in_worker  # noqa: F401
         from timeouts.worker import pool_process_exit, priority  # noqa: F401
+
+        priority.install()

@@ -1,0 +1,71 @@
+"""What timeouts/worker/celery_internals.py relies on, in the Celery, kombu and billiard installed:
+each test names the entry of that module to check again when it fails."""
+
+import inspect
+from importlib.metadata import version
+
+import pytest
+from celery import Celery
+from celery.worker import components
+from celery.worker.consumer.consumer import Consumer
+from celery.worker.worker import WorkController
+
+from timeouts.worker import celery_internals, priority
+
+MODULE = "timeouts/worker/celery_internals.py"
+
+
+@pytest.mark.parametrize("package", sorted(celery_internals.CHECKED))
+def test_the_installed_versions_are_those_the_module_was_checked_against(package):
+    installed, checked = version(package), celery_internals.CHECKED[package]
+    assert installed == checked, (
+        f"{package} {installed} is installed, {MODULE} was checked against {checked}: check each of its "
+        "entries against this version (the other tests here say which no longer holds), then update CHECKED "
+        "and the versions its docstring names")
+
+
+@pytest.fixture
+def prefork_worker():
+    """A prefork worker of its own app, built as `celery worker` builds it (not started: no process is
+    forked), with the step that on-time work first adds."""
+    app = Celery("internals", broker="memory://", set_as_current=False, fixups=[])
+    app.steps["worker"].add(priority.OnTimeFirst)
+    worker = app.WorkController(pool_cls="prefork", concurrency=2, use_eventloop=True, without_mingle=True,
+                                without_gossip=True, without_heartbeat=True)
+    yield worker
+    priority._intake = None
+
+
+def test_1_a_prefork_workers_consumer_hands_its_requests_to_the_intake(prefork_worker):
+    assert priority._intake is not None and prefork_worker.consumer.on_task_request == priority._intake.take, (
+        f"entry 1 of {MODULE}: Celery's consumer no longer gets its requests from WorkController.process_task "
+        "as set between the Pool step and the Consumer step; on-time work no longer goes first")
+
+
+def test_1_celery_still_makes_prefork_requests_wait_on_the_workers_semaphore():
+    source = inspect.getsource(components.Pool.create)
+    assert "w.pool_putlocks and w.pool_cls.uses_semaphore" in source and "w._process_task_sem" in source, (
+        f"entry 1 of {MODULE}: components.Pool.create no longer picks _process_task_sem under the condition "
+        "that takes_requests_through_semaphore() copies")
+    assert "self._quick_acquire(self._process_task" in inspect.getsource(WorkController._process_task_sem)
+
+
+def test_1_a_lost_connection_still_clears_the_semaphore_before_the_consumers_steps_stop():
+    assert "self.controller.semaphore.clear()" in inspect.getsource(Consumer.on_close), (
+        f"entry 1 of {MODULE}: Consumer.on_close no longer clears the worker's semaphore, which the step "
+        "ForgetAsks (priority.py) follows by forgetting the requests waiting in the intake")
+
+
+def test_1_other_pools_keep_celerys_way(prefork_worker):
+    app = prefork_worker.app
+    threads = app.WorkController(pool_cls="threads", concurrency=2, without_mingle=True, without_gossip=True,
+                                 without_heartbeat=True)
+    assert priority._intake is None and threads.consumer.on_task_request == threads.process_task
+
+
+def test_2_hand_to_pool_does_what_celerys_own_does():
+    source = inspect.getsource(WorkController._process_task)
+    assert "req.execute_using_pool(self.pool)" in source and "except TaskRevokedError" in source \
+        and "self._quick_release()" in source, (
+            f"entry 2 of {MODULE}: WorkController._process_task changed; make hand_to_pool() do what it does")
+    assert "w._quick_release = w.semaphore.release" in inspect.getsource(components.Pool.create)

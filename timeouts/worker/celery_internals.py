@@ -1,0 +1,57 @@
+"""Everything timeouts does to Celery and billiard beyond their public hooks, in one place.
+
+timeouts installs itself through public hooks: signals (`worker_init`, `worker_process_init`,
+`task_received`, `worker_ready`, `worker_shutdown`), bootsteps added to `app.steps`, a Request class
+(`Task.Request`) and settings. What is left below has no public hook. Each entry says what it
+touches, why no public hook does it, and the versions it was checked against; the unit test
+tests/unit/test_celery_internals.py fails, naming the entry, on a Celery or billiard whose
+attributes or code no longer match. Checked against Celery 5.7.0, kombu 5.7.0 and billiard 4.3.2.
+
+1. `take_requests()`: which callable a prefork worker hands its requests to (on-time work first,
+   priority.py). Celery's Pool step sets `WorkController.process_task` to `_process_task_sem`
+   (wait for a free process on `worker.semaphore`, then `_process_task`), and the Consumer step,
+   always the last one, passes `w.process_task` to the consumer as its `on_task_request`. A worker
+   bootstep that requires Pool replaces `process_task` in between. No public hook orders the
+   requests waiting for a process: a Request class is reached only once a process is free, the
+   task_received signal cannot hold a request back, and kombu's semaphore queues its waiters first
+   come, first served with no way to put one first.
+
+2. `hand_to_pool()`: what `WorkController._process_task` does with a request once a process is free
+   (execute it on the pool; give the process back if the request was revoked meanwhile), written
+   with public calls so that nothing private is called. The test compares it with Celery's.
+"""
+
+from celery.exceptions import TaskRevokedError
+
+CHECKED = {"celery": "5.7.0", "kombu": "5.7.0", "billiard": "4.3.2"}
+
+
+# --- 1. Where a prefork worker hands its requests ----------------------------------------------------
+
+def takes_requests_through_semaphore(worker) -> bool:
+    """Whether Celery's Pool step made `worker` wait for a free process on its semaphore before each
+    request (components.Pool.create): an event loop (prefork), with put locks. Other pools (threads,
+    solo, gevent) queue nothing in the worker."""
+    return worker.semaphore is not None and bool(worker.pool_putlocks) and worker.pool_cls.uses_semaphore
+
+
+def take_requests(worker, process_task) -> bool:
+    """From a worker bootstep that runs after Celery's Pool step (and before its Consumer step, which
+    runs last): hand the worker's requests to `process_task(request)`, instead of Celery's
+    `_process_task_sem`, where the worker makes them wait on its semaphore. False, and nothing
+    changed, elsewhere."""
+    if not takes_requests_through_semaphore(worker):
+        return False
+    worker.process_task = process_task
+    return True
+
+
+# --- 2. A request to the pool, once a process is free --------------------------------------------------
+
+def hand_to_pool(worker, request) -> None:
+    """What WorkController._process_task does: run `request` on the pool, and give back the process it
+    took if the request was revoked meanwhile."""
+    try:
+        request.execute_using_pool(worker.pool)
+    except TaskRevokedError:
+        worker.semaphore.release()
