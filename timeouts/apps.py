@@ -24,3 +24,4 @@ class TimeoutsConfig(AppConfig):
         from timeouts.worker import pool_process_exit, priority  # noqa: F401
 
         priority.install()
+        pool_process_exit.install()

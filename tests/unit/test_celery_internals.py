@@ -4,6 +4,8 @@ each test names the entry of that module to check again when it fails."""
 import inspect
 from importlib.metadata import version
 
+import billiard.pool
+import billiard.process
 import pytest
 from celery import Celery
 from celery.worker import components
@@ -69,3 +71,19 @@ def test_2_hand_to_pool_does_what_celerys_own_does():
         and "self._quick_release()" in source, (
             f"entry 2 of {MODULE}: WorkController._process_task changed; make hand_to_pool() do what it does")
     assert "w._quick_release = w.semaphore.release" in inspect.getsource(components.Pool.create)
+
+
+def test_3_billiard_pool_processes_still_read_their_count_under_its_lock():
+    assert "on_ready_counter" in inspect.signature(billiard.pool.Worker).parameters, (
+        f"entry 3 of {MODULE}: billiard's pool Worker no longer takes on_ready_counter")
+    assert "self.on_ready_counter.value" in inspect.getsource(billiard.pool.Worker._ensure_messages_consumed), (
+        f"entry 3 of {MODULE}: billiard's Worker._ensure_messages_consumed no longer reads on_ready_counter.value")
+
+
+def test_3_a_billiard_process_keeps_the_worker_it_runs_as_its_target():
+    def target():
+        pass
+
+    assert billiard.process.BaseProcess(target=target)._target is target, (
+        f"entry 3 of {MODULE}: billiard's Process no longer keeps its target in _target, through which "
+        "pool_process_worker() finds a pool process's Worker")

@@ -19,8 +19,16 @@ attributes or code no longer match. Checked against Celery 5.7.0, kombu 5.7.0 an
 2. `hand_to_pool()`: what `WorkController._process_task` does with a request once a process is free
    (execute it on the pool; give the process back if the request was revoked meanwhile), written
    with public calls so that nothing private is called. The test compares it with Celery's.
+
+3. `read_count_without_lock()`: the count of results a billiard pool process reads, on its way out,
+   under a lock it shares with the worker's main process (`Worker.on_ready_counter`, read by
+   `Worker._ensure_messages_consumed`), found through the process's `_target` (billiard's Process
+   keeps the Worker it runs there). A process killed holding that lock leaves the main process
+   waiting for it forever (pool_process_exit.py). billiard takes neither the count nor the lock as
+   a parameter, and `worker_process_init` is sent without the pool process's Worker.
 """
 
+from billiard import process as billiard_process
 from celery.exceptions import TaskRevokedError
 
 CHECKED = {"celery": "5.7.0", "kombu": "5.7.0", "billiard": "4.3.2"}
@@ -55,3 +63,28 @@ def hand_to_pool(worker, request) -> None:
         request.execute_using_pool(worker.pool)
     except TaskRevokedError:
         worker.semaphore.release()
+
+
+# --- 3. A billiard pool process's count of results read ------------------------------------------------
+
+def pool_process_worker():
+    """The billiard pool Worker this process runs (None outside a billiard pool process)."""
+    return getattr(billiard_process.current_process(), "_target", None)
+
+
+def read_count_without_lock(worker) -> None:
+    """Give a billiard pool Worker a view of its count that reads it without the lock."""
+    count = getattr(worker, "on_ready_counter", None)
+    if count is not None and hasattr(count, "get_obj"):  # a billiard synchronized Value
+        worker.on_ready_counter = _UnlockedCount(count.get_obj())
+
+
+class _UnlockedCount:
+    """The count's value, read straight from the shared memory."""
+
+    def __init__(self, shared):
+        self._shared = shared
+
+    @property
+    def value(self) -> int:
+        return self._shared.value
