@@ -4,6 +4,7 @@ each test names the entry of that module to check again when it fails."""
 import inspect
 from importlib.metadata import version
 
+import billiard.common
 import billiard.pool
 import billiard.process
 import pytest
@@ -87,3 +88,9 @@ def test_3_a_billiard_process_keeps_the_worker_it_runs_as_its_target():
     assert billiard.process.BaseProcess(target=target)._target is target, (
         f"entry 3 of {MODULE}: billiard's Process no longer keeps its target in _target, through which "
         "pool_process_worker() finds a pool process's Worker")
+
+
+def test_4_billiard_tells_whether_its_sigterm_handler_fired():
+    assert hasattr(billiard.common, "terminate_handler_fired") or hasattr(billiard.common, "_should_have_exited"), (
+        f"entry 4 of {MODULE}: billiard.common has neither terminate_handler_fired() nor _should_have_exited")
+    assert celery_internals.terminate_handler_fired() is False

@@ -26,8 +26,15 @@ attributes or code no longer match. Checked against Celery 5.7.0, kombu 5.7.0 an
    keeps the Worker it runs there). A process killed holding that lock leaves the main process
    waiting for it forever (pool_process_exit.py). billiard takes neither the count nor the lock as
    a parameter, and `worker_process_init` is sent without the pool process's Worker.
+
+4. `terminate_handler_fired()`: whether billiard's SIGTERM handler, which sets a flag and then
+   raises SystemExit wherever the pool process was, has run in this process (running.py: the
+   worker, not the attempt, stopped it). Public in billiard 4.3 (`billiard.common.
+   terminate_handler_fired`); older ones that Celery 5.5 allows keep only the flag,
+   `billiard.common._should_have_exited`.
 """
 
+from billiard import common as billiard_common
 from billiard import process as billiard_process
 from celery.exceptions import TaskRevokedError
 
@@ -88,3 +95,9 @@ class _UnlockedCount:
     @property
     def value(self) -> int:
         return self._shared.value
+
+
+# --- 4. billiard's SIGTERM handler ---------------------------------------------------------------
+
+terminate_handler_fired = getattr(billiard_common, "terminate_handler_fired",
+                                  lambda: billiard_common._should_have_exited[0])
