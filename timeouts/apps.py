@@ -19,11 +19,12 @@ class TimeoutsConfig(AppConfig):
         # a Celery worker before its first signal (Celery's Django fixup loads Django before
         # `worker_init`). Connected on import instead, a piece would be live or not depending on
         # which modules other imports happened to load.
-        from timeouts import checks
+        from timeouts import checks, metrics
         from timeouts.dispatch import in_worker
         from timeouts.worker import pool_process_exit, priority
 
         checks.register_checks()  # manage.py check, runserver, migrate...
+        metrics.connect()  # the Prometheus counters count timeouts.events' events
         in_worker.connect()  # the dispatcher thread, in workers when DISPATCHER_IN_WORKER is on
         priority.install()  # workers hand the tasks claimed on time to their pool first
         pool_process_exit.install()  # a pool process Celery kills cannot leave its worker stuck
