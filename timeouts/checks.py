@@ -180,7 +180,7 @@ def _has_partition_for_now(alias) -> bool:
 def _celery_app():
     from celery import current_app
 
-    app = current_app._get_current_object()
+    app = current_app._get_current_object()  # the app behind Celery's proxy: Proxy's documented way
     return None if app.main in (None, "default") else app
 
 
