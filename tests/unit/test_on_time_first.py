@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
+from celery.exceptions import TaskRevokedError
 from kombu.asynchronous import Hub
 from kombu.asynchronous.semaphore import LaxBoundedSemaphore
 from kombu.asynchronous.timer import Timer as WorkersTimer
@@ -172,6 +173,18 @@ def test_an_ask_nobody_answers_runs_out(monkeypatch):
     worker.lose_connection()  # Celery drops its queued requests
     time.sleep(0.1)
     assert not priority.should_give_way()
+
+
+def test_a_request_revoked_while_it_waited_gives_its_process_to_the_next():
+    def revoked(pool, **options):
+        raise TaskRevokedError("revoked")
+
+    worker = Worker(processes=1)
+    worker.offer("late 1")
+    worker.process_task(SimpleNamespace(id="revoked", name=RUN_BATCH, eta=None, execute_using_pool=revoked))
+    worker.offer("late 2")
+    worker.one_process_frees()
+    assert worker.handed == ["late 1", "late 2"]
 
 
 def test_requests_claimed_on_time_go_in_the_order_of_their_etas():

@@ -132,8 +132,7 @@ class _Intake:
             ahead.request = request  # the process asked ahead goes to the request when it frees
             return False
         if self.semaphore.value > 0:
-            self.rest.append(request)
-            return self.semaphore.acquire(self._next)
+            return self.semaphore.acquire(self.hand, request)  # a process is free: it takes it at once
         self.queue(_Waiter(self, request.eta.timestamp(), request=request))
         return False
 
