@@ -3,6 +3,7 @@ each test names the entry of that module to check again when it fails."""
 
 import inspect
 from importlib.metadata import version
+from types import SimpleNamespace
 
 import billiard.common
 import billiard.pool
@@ -11,8 +12,10 @@ import pytest
 from celery import Celery
 from celery.worker import components
 from celery.worker.consumer.consumer import Consumer
+from celery.worker.request import create_request_cls
 from celery.worker.worker import WorkController
 
+from timeouts.durable.starts import StartingRequest
 from timeouts.worker import celery_internals, priority
 
 MODULE = "timeouts/worker/celery_internals.py"
@@ -94,3 +97,15 @@ def test_4_billiard_tells_whether_its_sigterm_handler_fired():
     assert hasattr(billiard.common, "terminate_handler_fired") or hasattr(billiard.common, "_should_have_exited"), (
         f"entry 4 of {MODULE}: billiard.common has neither terminate_handler_fired() nor _should_have_exited")
     assert celery_internals.terminate_handler_fired() is False
+
+
+def test_5_the_request_class_celery_makes_for_a_durable_task_still_hands_over_its_start():
+    task = SimpleNamespace(time_limit=None, soft_time_limit=None, acks_late=True)
+    made = create_request_cls(StartingRequest, task, SimpleNamespace(apply_async=None), "host", None,
+                              app=SimpleNamespace(use_fast_trace_task=False))
+    assert "execute_using_pool" in vars(made), (
+        f"entry 5 of {MODULE}: Celery's per-task Request no longer has an execute_using_pool of its own; "
+        "StartingRequest.__init_subclass__ (durable/starts.py) may no longer be needed")
+    assert "__init_subclass__" in made.execute_using_pool.__qualname__, (
+        f"entry 5 of {MODULE}: the execute_using_pool Celery made for a DurableTask no longer hands over the "
+        "start recorded ahead (StartingRequest.__init_subclass__ did not wrap it)")

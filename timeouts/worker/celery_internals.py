@@ -33,6 +33,12 @@ attributes or code no longer match. Checked against Celery 5.7.0, kombu 5.7.0 an
    worker, not the attempt, stopped it). Public in billiard 4.3 (`billiard.common.
    terminate_handler_fired`); older ones that Celery 5.5 allows keep only the flag,
    `billiard.common._should_have_exited`.
+
+5. The Request class of `DurableTask` (durable/starts.py, `StartingRequest`) is a public hook, but
+   the worker runs each task's requests through a subclass it makes of it
+   (celery.worker.request.create_request_cls), whose own `execute_using_pool` does not call the
+   base class's. StartingRequest wraps that method in `__init_subclass__`; the test fails when
+   Celery's subclass no longer has one of its own, or when the wrapping no longer happens.
 """
 
 from billiard import common as billiard_common
