@@ -1,11 +1,10 @@
-"""Everything timeouts does to Celery and billiard beyond their public hooks, in one place.
+"""Where timeouts' worker goes beyond the public hooks of Celery and billiard, and why.
 
 timeouts installs itself through public hooks: signals (`worker_init`, `worker_process_init`,
 `task_received`, `worker_ready`, `worker_shutdown`), bootsteps added to `app.steps`, a Request class
-(`Task.Request`) and settings (reconnect_prefetch.py works around a Celery behaviour with one). What
-is left below has no public hook. Each entry says what it
-touches, why no public hook does it, and the versions it was checked against; the unit test
-tests/unit/test_celery_internals.py fails, naming the entry, on a Celery or billiard whose
+(`Task.Request`) and settings (reconnect_prefetch.py works around a Celery behaviour with one).
+What is left has no public hook, and is listed below: what each entry touches, why no public hook
+does it. tests/unit/test_celery_internals.py fails, naming the entry, on a Celery or billiard whose
 attributes or code no longer match. Checked against Celery 5.7.0, kombu 5.7.0 and billiard 4.3.2.
 
 1. `take_requests()`: which callable a prefork worker hands its requests to (on-time work first,
