@@ -20,10 +20,20 @@ class TimeoutsConfig(AppConfig):
         from timeouts.backends.queues import register_from_settings
 
         register_from_settings()
-        # Imported for what importing does: the system checks register themselves, the Celery tasks
-        # join the host's app, the dispatcher thread starts in workers when DISPATCHER_IN_WORKER is on,
-        # workers hand tasks claimed on time to their pool first, and a pool process Celery kills
-        # cannot leave its worker's main process stuck.
-        from timeouts import checks, tasks  # noqa: F401
-        from timeouts.dispatch import in_worker  # noqa: F401
-        from timeouts.worker import pool_process_exit, priority  # noqa: F401
+        # Each piece is installed by name, here: ready() runs in every process that loads Django, and in
+        # a Celery worker before its first signal (Celery's Django fixup loads Django before
+        # `worker_init`). Connected on import instead, a piece would be live or not depending on
+        # which modules other imports happened to load.
+        from timeouts import checks, metrics
+        from timeouts.dispatch import in_worker
+        from timeouts.worker import pool_process_exit, priority
+
+        checks.register_checks()  # manage.py check, runserver, migrate...
+        metrics.connect()  # the Prometheus counters count timeouts.events' events
+        in_worker.connect()  # the dispatcher thread, in workers when DISPATCHER_IN_WORKER is on
+        priority.install()  # workers hand the tasks claimed on time to their pool first
+        pool_process_exit.install()  # a pool process Celery kills cannot leave its worker stuck
+        # The one import kept for what importing does: Celery's shared tasks (timeouts.run, run_batch,
+        # scan, maintain) are declared by defining them, and join every Celery app from then on. The
+        # host's autodiscover_tasks() would import the module too, but only in processes that call it.
+        from timeouts import tasks  # noqa: F401

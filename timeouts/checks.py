@@ -28,10 +28,17 @@ from timeouts import conf, registry
 from timeouts.celery import BEAT_QUEUE, BEAT_TASKS, is_set_up
 from timeouts.dispatch.brokers import is_amqp
 
+
+def register_checks() -> None:
+    """Register the checks with Django's check framework (TimeoutsConfig.ready() calls this)."""
+    for check in (check_database, check_time_zone, check_settings, check_transactional_scheduling, check_celery):
+        register(check)
+    register(check_shards, Tags.database)  # it connects: Django runs it only when databases are checked
+
+
 PARTITION_SECONDS = {"hour": 3600, "day": 86400, "week": 7 * 86400, "month": 28 * 86400}  # month: its shortest
 
 
-@register()
 def check_database(app_configs=None, **kwargs):
     from timeouts.models import TimeoutTask
 
@@ -49,7 +56,6 @@ def check_database(app_configs=None, **kwargs):
     return problems
 
 
-@register()
 def check_time_zone(app_configs=None, **kwargs):
     if settings.USE_TZ:
         return []
@@ -60,7 +66,6 @@ def check_time_zone(app_configs=None, **kwargs):
         id="timeouts.E002")]
 
 
-@register()
 def check_settings(app_configs=None, **kwargs):
     given = getattr(settings, "TIMEOUTS", {}) or {}
     if not isinstance(given, dict):
@@ -85,7 +90,6 @@ def check_settings(app_configs=None, **kwargs):
     return problems
 
 
-@register(Tags.database)
 def check_shards(app_configs=None, databases=None, **kwargs):
     """Shards that could not hold a task now. Django itself reports the default database's
     unapplied migrations; the other shards' only timeouts knows of. A database check: it connects,
@@ -118,7 +122,6 @@ def check_shards(app_configs=None, databases=None, **kwargs):
     return problems
 
 
-@register()
 def check_transactional_scheduling(app_configs=None, **kwargs):
     """ATOMIC_REQUESTS puts every view inside a transaction on its database. With several shards, a
     view's task that goes to a shard outside that transaction is refused (ShardOutsideTransaction),
@@ -177,11 +180,10 @@ def _has_partition_for_now(alias) -> bool:
 def _celery_app():
     from celery import current_app
 
-    app = current_app._get_current_object()
+    app = current_app._get_current_object()  # the app behind Celery's proxy: Proxy's documented way
     return None if app.main in (None, "default") else app
 
 
-@register()
 def check_celery(app_configs=None, **kwargs):
     try:
         app = _celery_app()

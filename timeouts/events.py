@@ -11,10 +11,12 @@ It is sent once the transaction that made the change has committed (at once in a
 which is how the scan, the dispatcher and the workers run), so a rolled-back schedule or cancel
 is never counted. A receiver that raises is logged, never raised into the code that did the work.
 
-The Prometheus counters (timeouts.metrics) count the same events at the same moment, called
-directly rather than as a receiver: with nobody else listening, Django's signal machinery cost
-more than the counting itself on schedule()'s hot path, so the signal
-is only sent when a host has connected a receiver.
+The Prometheus counters (timeouts.metrics) count the same events at the same moment, as a
+listener: a function in `listeners`, called directly rather than as a receiver of the signal (with
+nobody else listening, Django's signal machinery costs more than the counting itself on
+schedule()'s hot path, so the signal is only sent when a host has connected a receiver).
+`TimeoutsConfig.ready()` has the metrics listen (`metrics.connect()`); this module knows nothing of
+them.
 
 The runtime modules call the small functions below at the point where each change is known to
 have happened. Each returns what it was given, so a call wraps an existing expression.
@@ -27,7 +29,6 @@ from functools import partial
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.dispatch import Signal
 
-from timeouts import metrics
 from timeouts.states import Status
 
 logger = logging.getLogger(__name__)
@@ -36,10 +37,20 @@ EVENTS = ("scheduled", "dispatched", "started", "done", "retried", "dead", "canc
 
 task_event = Signal()
 
+# Functions called with (event, biz_type, count, lateness) for each event, before task_event's
+# receivers. One that raises is logged, as a receiver is.
+listeners = []
+
+
+def listen(listener) -> None:
+    """Have `listener` called for each event (once, however many times it is given)."""
+    if listener not in listeners:
+        listeners.append(listener)
+
 
 def emit(event, biz_type, count=1, *, lateness=None, using=DEFAULT_DB_ALIAS):
     # Not has_listeners(): it works out the live receivers, which sending does again.
-    if count <= 0 or not (metrics.COUNTING or task_event.receivers):
+    if count <= 0 or not (listeners or task_event.receivers):
         return
     if connections[using].in_atomic_block:
         transaction.on_commit(partial(_send, event, biz_type, count, lateness), using=using)
@@ -48,11 +59,11 @@ def emit(event, biz_type, count=1, *, lateness=None, using=DEFAULT_DB_ALIAS):
 
 
 def _send(event, biz_type, count, lateness):
-    if metrics.COUNTING:
+    for listener in listeners:
         try:
-            metrics.record(event, biz_type, count, lateness)
+            listener(event, biz_type, count, lateness)
         except Exception:
-            logger.exception("timeouts: counting the %s event failed", event)
+            logger.exception("timeouts: listener %r of the %s event failed", listener, event)
     if not task_event.receivers:
         return
     for receiver, result in task_event.send_robust(

@@ -1,7 +1,7 @@
 """Prometheus metrics, when prometheus_client is installed (pip install "django-timeouts[prometheus]").
 
-Counters, per biz_type, counted where the event happens and once it committed (timeouts.events
-calls record()):
+Counters, per biz_type, counted where the event happens and once it committed (record() listens to
+timeouts.events: connect(), which TimeoutsConfig.ready() calls):
 
     timeouts_scheduled_total, timeouts_dispatched_total, timeouts_done_total,
     timeouts_retried_total, timeouts_dead_total, timeouts_cancelled_total
@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 from django.db import DatabaseError
 from django.http import HttpResponse
 
-from timeouts import stats
+from timeouts import events, stats
 from timeouts.storage import shards
 from timeouts.store import clock
 
@@ -76,7 +76,7 @@ HELP = {
 # Our own registry in single-process mode: a host's default registry is left alone. In multiprocess
 # mode the values go to PROMETHEUS_MULTIPROC_DIR whatever the registry.
 REGISTRY = CollectorRegistry(auto_describe=True) if prometheus_client else None
-COUNTING = prometheus_client is not None  # timeouts.events calls record() only then
+COUNTING = prometheus_client is not None  # connect() has record() listen only then
 COUNTERS = {}
 LATENESS = None
 
@@ -85,6 +85,12 @@ if prometheus_client:
                 for event in COUNTED}
     LATENESS = Histogram(f"{PREFIX}lateness_seconds", "started_at - action_time of first attempts.",
                          ["biz_type"], buckets=LATENESS_BUCKETS, registry=REGISTRY)
+
+
+def connect() -> None:
+    """Count timeouts.events' events, if prometheus_client is installed: record() listens to them."""
+    if COUNTING:
+        events.listen(record)
 
 
 def record(event, biz_type, count=1, lateness=None):

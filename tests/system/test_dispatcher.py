@@ -258,12 +258,10 @@ def _collect_scans(node, scans):
 
 @pytest.mark.timeout(90)
 def test_inside_a_worker_the_dispatcher_is_one_thread_of_the_main_process(broker, starts, tmp_path):
-    # A settings module that turns the option on. It also imports the signal hook itself, which
-    # TimeoutsConfig.ready() is meant to do (harmless twice: the receivers have dispatch_uids).
+    # A settings module that turns the option on; TimeoutsConfig.ready() connects the signals.
     (tmp_path / "in_worker_settings.py").write_text(
         "from tests.settings import *  # noqa\n"
         "TIMEOUTS = {**TIMEOUTS, 'DISPATCHER_IN_WORKER': True}  # noqa\n"
-        "import timeouts.dispatch.in_worker  # noqa\n"
     )
     env = processes.django_env(DJANGO_SETTINGS_MODULE="in_worker_settings",
                                PYTHONPATH=f"{processes.ROOT}:{tmp_path}", TIMEOUTS_LOG_LEVEL="DEBUG")

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
+from celery.exceptions import TaskRevokedError
 from kombu.asynchronous import Hub
 from kombu.asynchronous.semaphore import LaxBoundedSemaphore
 from kombu.asynchronous.timer import Timer as WorkersTimer
@@ -28,28 +29,30 @@ def no_asks_standing():
 
 
 class Worker:
-    """What Celery's WorkController gives the step: its semaphore, and the pool's intake."""
+    """What Celery's WorkController gives the step: its semaphore, its pool, and where its consumer
+    hands requests (`process_task`), as a prefork worker has them."""
+
+    pool_putlocks = True
+    pool_cls = SimpleNamespace(uses_semaphore=True)
 
     def __init__(self, processes, timer=None):
         self.semaphore = LaxBoundedSemaphore(processes)
         self.timer = Timer() if timer is None else timer
-        self._quick_acquire = self.semaphore.acquire
+        self.pool = self  # requests run on it: execute_using_pool(pool) records them
+        self.process_task = None  # Celery's, which the step replaces
         self.handed = []
-        priority._install(sender=self)
+        step = priority.OnTimeFirst(self)
+        step.create(self)
         if isinstance(self.timer, Timer):
             priority._timed = priority._Timed(clock=self.timer.now)
 
-    def _process_task(self, request):
-        self.handed.append(request.label)
-
     def offer(self, label, name=RUN_BATCH, eta=None):
         """The request reaches the pool's intake (at its ETA, if it has one)."""
-        self._process_task_sem(request(label, name, eta))
+        self.process_task(request(label, name, eta))
 
     def receive(self, label, eta, name=RUN_BATCH):
         """The message arrives, ahead of its ETA."""
-        priority._received(sender=SimpleNamespace(controller=self, timer=self.timer),
-                                request=request(label, name, eta))
+        priority.received(sender=SimpleNamespace(controller=self, timer=self.timer), request=request(label, name, eta))
 
     def one_process_frees(self):
         self.semaphore.release()
@@ -94,7 +97,10 @@ class Timer:
 
 
 def request(label, name, eta):
-    return SimpleNamespace(id=label, label=label, name=name, eta=eta)
+    def execute_using_pool(pool, **options):
+        pool.handed.append(label)
+
+    return SimpleNamespace(id=label, label=label, name=name, eta=eta, execute_using_pool=execute_using_pool)
 
 
 def soon(seconds=1.0):
@@ -167,6 +173,18 @@ def test_an_ask_nobody_answers_runs_out(monkeypatch):
     worker.lose_connection()  # Celery drops its queued requests
     time.sleep(0.1)
     assert not priority.should_give_way()
+
+
+def test_a_request_revoked_while_it_waited_gives_its_process_to_the_next():
+    def revoked(pool, **options):
+        raise TaskRevokedError("revoked")
+
+    worker = Worker(processes=1)
+    worker.offer("late 1")
+    worker.process_task(SimpleNamespace(id="revoked", name=RUN_BATCH, eta=None, execute_using_pool=revoked))
+    worker.offer("late 2")
+    worker.one_process_frees()
+    assert worker.handed == ["late 1", "late 2"]
 
 
 def test_requests_claimed_on_time_go_in_the_order_of_their_etas():

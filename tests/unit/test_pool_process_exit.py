@@ -1,6 +1,7 @@
 """A pool process on its way out waits for its last result without the lock its worker's main
 process takes for every result (timeouts/worker/pool_process_exit.py): killed while holding it, it would
-leave the main process waiting forever. Run against billiard itself, whose behaviour this relies on."""
+leave the main process waiting forever. Run against billiard itself, whose behaviour this relies on
+(the version it was checked against: tests/unit/test_celery_internals.py)."""
 
 import threading
 
@@ -8,17 +9,7 @@ import billiard
 import pytest
 from billiard.pool import Pool, Worker
 
-from timeouts.worker import pool_process_exit
-
-# The billiard versions whose pool processes were checked to wait for their last result under the
-# count's lock, the way pool_process_exit.py works around.
-CHECKED = {"4.3.2"}
-
-
-def test_billiard_is_a_version_the_workaround_was_checked_against():
-    assert billiard.__version__ in CHECKED, (
-        f"billiard {billiard.__version__}: check that timeouts/worker/pool_process_exit.py still applies "
-        "(Worker._ensure_messages_consumed reading on_ready_counter under its lock), then add the version")
+from timeouts.worker import celery_internals, pool_process_exit
 
 
 @pytest.fixture
@@ -44,7 +35,7 @@ def count_locked_elsewhere():
 def test_a_pool_process_on_its_way_out_waits_for_its_last_result_without_the_lock(count_locked_elsewhere):
     context = billiard.get_context()
     worker = Worker(context.SimpleQueue(), context.SimpleQueue(), on_ready_counter=count_locked_elsewhere)
-    pool_process_exit.read_count_without_lock(worker)
+    celery_internals.read_count_without_lock(worker)
     outcome = []
     waiting = threading.Thread(target=lambda: outcome.append(worker._ensure_messages_consumed(completed=0)))
     waiting.start()
@@ -57,7 +48,7 @@ def count_read_by_this_process():
 
 
 def test_each_pool_process_reads_its_count_without_the_lock():
-    pool = Pool(processes=1, initializer=pool_process_exit._in_each_pool_process)
+    pool = Pool(processes=1, initializer=pool_process_exit.in_each_pool_process)
     try:
         assert pool.apply_async(count_read_by_this_process).get(timeout=30) == "_UnlockedCount"
     finally:

@@ -4,8 +4,8 @@ A small deployment then needs no extra process. The thread lives in the worker's
 `worker_ready` and `worker_shutdown` are sent there, after the prefork pool has forked its children,
 so no pool process gets a copy. Any number of workers may run one each (SKIP LOCKED).
 
-Importing this module connects the signals (`TimeoutsConfig.ready()` does); they do nothing unless
-the setting is on.
+`connect()` connects the signals (`TimeoutsConfig.ready()` calls it); they do nothing unless the
+setting is on.
 """
 
 import logging
@@ -20,7 +20,11 @@ JOIN_TIMEOUT = 15.0  # seconds: a publish in flight is bounded by the dispatcher
 _running = None  # (thread, its stop event) in the worker's main process
 
 
-@worker_ready.connect(dispatch_uid="timeouts.dispatch.in_worker.start")
+def connect() -> None:
+    worker_ready.connect(start, dispatch_uid="timeouts.dispatch.in_worker.start")
+    worker_shutdown.connect(stop, dispatch_uid="timeouts.dispatch.in_worker.stop")
+
+
 def start(sender=None, **kwargs):
     global _running
     from timeouts.conf import get_settings  # late: this module is imported while Django is starting
@@ -36,7 +40,6 @@ def start(sender=None, **kwargs):
     logger.info("timeouts.dispatcher: running inside the worker")
 
 
-@worker_shutdown.connect(dispatch_uid="timeouts.dispatch.in_worker.stop")
 def stop(sender=None, **kwargs):
     global _running
     if _running is None:

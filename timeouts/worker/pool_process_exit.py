@@ -10,34 +10,19 @@ loop: the worker takes nothing more from the broker, and its log says nothing mo
 
 So each pool process reads the count without the lock. Only the main process writes it (under the
 lock, which then no other process takes); a read that misses an increment only waits 0.1 s more.
-
-Checked against billiard 4.3.2 (Celery 5.7.0). tests/unit/test_pool_process_exit.py fails on
-another billiard: check there that pool processes still wait under that lock, then add the version.
+billiard offers no hook for this: celery_internals.py (entry 3) does it, and says what it touches.
 """
 
-from billiard import process
 from celery.signals import worker_process_init
 
-
-@worker_process_init.connect(dispatch_uid="timeouts.worker.pool_process_exit")
-def _in_each_pool_process(**kwargs):
-    """In a prefork pool process, before it takes any task: its billiard Worker is its target."""
-    read_count_without_lock(getattr(process.current_process(), "_target", None))
+from timeouts.worker import celery_internals
 
 
-def read_count_without_lock(worker):
-    """Give a billiard pool Worker a view of its count that reads it without the lock."""
-    count = getattr(worker, "on_ready_counter", None)
-    if count is not None and hasattr(count, "get_obj"):  # a billiard synchronized Value
-        worker.on_ready_counter = _UnlockedCount(count.get_obj())
+def install() -> None:
+    """Connect the signal sent in each pool process (TimeoutsConfig.ready() calls this)."""
+    worker_process_init.connect(in_each_pool_process, dispatch_uid="timeouts.worker.pool_process_exit")
 
 
-class _UnlockedCount:
-    """The count's value, read straight from the shared memory."""
-
-    def __init__(self, shared):
-        self._shared = shared
-
-    @property
-    def value(self) -> int:
-        return self._shared.value
+def in_each_pool_process(**kwargs):
+    """In a prefork pool process, before it takes any task."""
+    celery_internals.read_count_without_lock(celery_internals.pool_process_worker())

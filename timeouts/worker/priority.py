@@ -7,12 +7,14 @@ task claimed on time (published with an ETA just before its run_at) joined it wh
 and waited for every batch ahead of it, then for a process to finish one (docs:
 explanation/benchmarks).
 
-So, in the worker's main process, a request of timeouts' that carries an ETA goes to the front of
-that queue (after those claimed on time that are due before it), and asks, through memory shared with the pool
-processes, for one process to give way. A backlog's batch answers between two of its tasks (one
-batch for each ask): it passes the rest on (GiveWay), which frees its process for the request
-within one handler's time. A process that frees by itself meanwhile takes the request, and the ask
-is withdrawn.
+So, in the worker's main process, the requests that wait for a process wait in our `_Intake`
+(the worker hands them there: the step `OnTimeFirst`), and each process that frees goes to the
+first of them: a request of timeouts' that carries an ETA goes before the rest (after those
+claimed on time that are due before it), and asks, through memory shared with the pool processes,
+for one process to give way. A backlog's batch answers between two of its tasks (one batch for
+each ask): it passes the rest on (GiveWay), which frees its process for the request within one
+handler's time. A process that frees by itself meanwhile takes the request, and the ask is
+withdrawn.
 
 Giving way takes a handler's end, a statement and a publish, and on a busy machine that can be
 longer than the few milliseconds between a request's ETA and its due time. So the worker asks
@@ -26,8 +28,12 @@ Asks carry a deadline: Celery may drop its queued requests (when the broker conn
 for one), and an ask that nobody answers must not make a batch give way long after. A process held
 for a request that does not come goes back to the pool as well. Other pools (threads, solo) queue
 nothing, and nothing here applies to them.
+
+Celery has no public hook that orders the requests waiting for a process: the one place this
+module goes beyond them, where the worker hands its requests, is celery_internals.py (entry 1).
 """
 
+import bisect
 import heapq
 import itertools
 import multiprocessing
@@ -39,6 +45,7 @@ from celery.signals import task_received, worker_init
 
 from timeouts.dispatch.publishing import RETRY_POLICY, RUN, RUN_BATCH, args_repr
 from timeouts.durable.starts import StartingRequest
+from timeouts.worker import celery_internals
 
 # Seconds asks stand. A batch answers within one of its handlers; an older ask is for a request
 # that waits for handlers that do not give way (those claimed on time), not for a backlog.
@@ -56,21 +63,105 @@ HOLD_LIMIT = 0.5
 # worker's main process before its pool forks, so that every pool process shares them.
 _asks = None
 ASKED, UNTIL = 0, 1
-# The asks ahead and the ends of holds still to come, in the worker's main process (_Timed).
+# In the worker's main process: where it hands its requests (None: they keep Celery's order), and
+# the asks ahead and the ends of holds still to come (_Timed).
+_intake = None
 _timed = None
+# Processes asked for ahead, by the id of the request they are for.
+_ahead = {}
 
 
-@worker_init.connect(dispatch_uid="timeouts.worker.priority")
-def _install(sender=None, **kwargs):
-    """Before the worker builds its pool: the asks then exist before the pool's processes are
-    forked, and the worker takes our `_process_task_sem` when it picks its way of handing requests
-    to the pool (celery.worker.components.Pool.create)."""
-    global _asks, _timed
-    worker = sender
-    if _asks is None:
-        _asks = multiprocessing.Array("d", 2)
-    _timed = _Timed()
-    worker._process_task_sem = lambda request: _acquire(worker, request)
+def install() -> None:
+    """Connect the signals that set this up in each worker (TimeoutsConfig.ready() calls this)."""
+    worker_init.connect(add_steps, dispatch_uid="timeouts.worker.priority.steps")
+    task_received.connect(received, dispatch_uid="timeouts.worker.priority.ahead")
+
+
+def add_steps(sender=None, **kwargs):
+    """Before the worker builds its blueprints, which read the app's steps once."""
+    sender.app.steps["worker"].add(OnTimeFirst)
+    sender.app.steps["consumer"].add(ForgetAsks)
+
+
+class OnTimeFirst(bootsteps.Step):
+    """A step of the worker: once Celery's Pool step has made it (and before its Consumer step, always
+    the last, which gives the consumer the worker's `process_task`), the worker hands its requests
+    to an `_Intake`. Where the worker queues nothing, requests keep Celery's way."""
+
+    label = "timeouts: on-time work first"
+    requires = ("celery.worker.components:Pool",)
+
+    def __init__(self, worker, **kwargs):
+        # Every step is made before any is created: the asks exist before the pool's processes fork.
+        global _asks, _timed, _intake
+        if _asks is None:
+            _asks = multiprocessing.Array("d", 2)
+        _timed, _intake = _Timed(), None
+        super().__init__(worker, **kwargs)
+
+    def create(self, worker):
+        global _intake
+        intake = _Intake(worker)
+        if celery_internals.take_requests(worker, intake.take):
+            _intake = intake
+
+
+class _Intake:
+    """Where the worker hands each request, in place of Celery's semaphore alone. A request still
+    waits for a process on the worker's semaphore (kombu's LaxBoundedSemaphore, which serves its
+    waiters first come, first served): each request that waits is one wait on it, and each process
+    it gives goes to the first request here, whichever wait it answers. Those claimed on time
+    (`_Waiter`s, by ETA) come first, then the rest in the order they came."""
+
+    def __init__(self, worker):
+        self.worker, self.semaphore = worker, worker.semaphore
+        self.on_time = []  # _Waiter, by ETA; those due at one instant in the order they came
+        self.rest = deque()  # every other request
+
+    def take(self, request):
+        """The worker's `process_task`: a request is ready to run."""
+        if not _claimed_on_time(request):
+            self.rest.append(request)
+            return self.semaphore.acquire(self._next)
+        ahead = _ahead.pop(request.id, None)
+        if ahead is not None and ahead.holding:
+            ahead.holding = False
+            self.hand(request)  # on the process held for it
+            return True
+        if ahead is not None and ahead in self.on_time:
+            ahead.request = request  # the process asked ahead goes to the request when it frees
+            return False
+        if self.semaphore.value > 0:
+            return self.semaphore.acquire(self.hand, request)  # a process is free: it takes it at once
+        self.queue(_Waiter(self, request.eta.timestamp(), request=request))
+        return False
+
+    def queue(self, waiter):
+        """Queue `waiter` (every process is busy) after those claimed on time due before it, before
+        the rest, and ask."""
+        bisect.insort_right(self.on_time, waiter, key=lambda queued: queued.eta)
+        with _asks.get_lock():
+            _asks[ASKED] += 1
+            _asks[UNTIL] = time.monotonic() + ASK_LIFETIME
+        self.semaphore.acquire(self._next)
+
+    def _next(self):
+        """A process is free: it goes to the first that waits."""
+        if self.on_time:
+            self.on_time.pop(0)()
+        elif self.rest:
+            self.hand(self.rest.popleft())
+        else:  # forgotten (forget()) while its wait stood
+            self.semaphore.release()
+
+    def hand(self, request):
+        celery_internals.hand_to_pool(self.worker, request)
+
+    def forget(self):
+        """Celery has cleared its semaphore (the broker connection is lost, or the consumer stops):
+        the requests that waited are dropped, as Celery drops them."""
+        self.on_time.clear()
+        self.rest.clear()
 
 
 class GiveWay:
@@ -116,16 +207,16 @@ def should_give_way() -> bool:
         return True
 
 
-@task_received.connect(dispatch_uid="timeouts.worker.priority.ahead")
-def _received(sender=None, request=None, **kwargs):
-    """In the worker's main process, as a message with an ETA arrives (well before it: a task is
-    claimed a lead ahead): set the time to ask for a process for it."""
+def received(sender=None, request=None, **kwargs):
+    """`task_received`, in the worker's main process, as a message with an ETA arrives (well before
+    it: a task is claimed a lead ahead): set the time to ask for a process for it."""
     consumer = sender
-    worker = getattr(consumer, "controller", None)
+    intake = _intake
     # Not for DurableTask calls (StartingRequest): their starts are recorded ahead by the main
     # process, and with processes held for them a worker killed -9 ran some calls twice
     # (docs: explanation/benchmarks).
-    if _asks is None or worker is None or _waiting_of(worker) is None or not _a_batch_claimed_ahead(request):
+    if (intake is None or getattr(consumer, "controller", None) is not intake.worker
+            or not _a_batch_claimed_ahead(request)):
         return
     # Delivered again: Celery dropped the request, so the ask made for it since the worker last
     # reconnected (those made before are forgotten: ForgetAsks) is let go.
@@ -135,64 +226,44 @@ def _received(sender=None, request=None, **kwargs):
     eta = request.eta.timestamp()
     until_ask = eta - ASK_AHEAD - time.time()
     if until_ask > 0:
-        _timed.call_after(consumer.timer, until_ask, _ask_ahead, (worker, consumer.timer, request.id, eta))
+        _timed.call_after(consumer.timer, until_ask, _ask_ahead, (intake, consumer.timer, request.id, eta))
     elif eta > time.time():
-        _ask_ahead(worker, consumer.timer, request.id, eta)
+        _ask_ahead(intake, consumer.timer, request.id, eta)
 
 
-def _ask_ahead(worker, timer, request_id, eta):
-    if worker.semaphore.value > 0 or request_id in _ahead:
+def _ask_ahead(intake, timer, request_id, eta):
+    if intake.semaphore.value > 0 or request_id in _ahead:
         return  # a process is free: the request takes it at its ETA, as any other
     if eta <= time.time():
         # Too late to ask ahead: the timer was held up (the worker reconnects to a lost broker in
         # the timer's thread, and Celery dropped the request meanwhile), or the request is being
         # offered now, and asks for itself if it has to wait.
         return
-    waiter = _Waiter(worker, eta, request_id=request_id)
+    waiter = _Waiter(intake, eta, request_id=request_id)
     _ahead[request_id] = waiter
-    _queue(worker, waiter)
+    intake.queue(waiter)
     _timed.call_after(timer, HOLD_LIMIT, waiter.let_go)
 
 
-def _acquire(worker, request):
-    """Celery's `_process_task_sem`, except that a request claimed on time that finds every
-    process busy goes before every request claimed late, and asks one process to give way."""
-    waiting = _waiting_of(worker)
-    if waiting is None or not _claimed_on_time(request):
-        return worker._quick_acquire(worker._process_task, request)
-    ahead = _ahead.pop(request.id, None)
-    if ahead is not None and ahead.holding:
-        ahead.holding = False
-        worker._process_task(request)  # on the process held for it
-        return True
-    if ahead is not None and ahead in (callback for callback, _, _ in waiting):
-        ahead.request = request  # the process asked ahead goes to the request when it frees
-        return False
-    if worker.semaphore.value > 0:
-        return worker._quick_acquire(worker._process_task, request)
-    _queue(worker, _Waiter(worker, request.eta.timestamp(), request=request))
-    return False
-
-
 class _Waiter:
-    """In Celery's queue: a request claimed on time, or a process asked for one ahead of its ETA
+    """In the intake: a request claimed on time, or a process asked for one ahead of its ETA
     (`request` then comes at the ETA, unless the process came first and waits for it)."""
 
-    def __init__(self, worker, eta, request=None, request_id=None):
-        self.worker, self.eta, self.request, self.request_id = worker, eta, request, request_id
+    def __init__(self, intake, eta, request=None, request_id=None):
+        self.intake, self.eta, self.request, self.request_id = intake, eta, request, request_id
         self.holding = False
         self.wanted = True  # False once let go: no process is held for it any more
 
     def __call__(self):
         """A process is free for it. If it was not one that gave way (a batch ended by itself), an
         ask too many stands: no more than the requests that still wait."""
-        still_waiting = _waiting_first(self.worker.semaphore._waiting)
+        still_waiting = len(self.intake.on_time)
         with _asks.get_lock():
             _asks[ASKED] = min(_asks[ASKED], still_waiting)
         if self.request is not None:
-            self.worker._process_task(self.request)
+            self.intake.hand(self.request)
         elif not self.wanted:
-            self.worker.semaphore.release()  # to the next in the queue, or back to the pool
+            self.intake.semaphore.release()  # to the next that waits, or back to the pool
         else:
             self.holding = True
 
@@ -206,18 +277,15 @@ class _Waiter:
         self.wanted = False
         if self.holding:
             self.holding = False
-            self.worker.semaphore.release()
-
-
-# Processes asked for ahead, by the id of the request they are for.
-_ahead = {}
+            self.intake.semaphore.release()
 
 
 class ForgetAsks(bootsteps.StartStopStep):
     """A step of the worker's consumer. When the consumer stops (the broker connection is lost and
-    the consumer restarts, or the worker shuts down), Celery clears its semaphore: the requests
-    queued there, the processes held for them and their messages are forgotten. So are the asks
-    ahead: a process they held is free again without being let go."""
+    the consumer restarts, or the worker shuts down), Celery clears its semaphore (Consumer.on_close,
+    just before the consumer's steps stop): the requests waiting for it, the processes held for them
+    and their messages are forgotten. So are those in the intake, and the asks ahead: a process they
+    held is free again without being let go."""
 
     label = "timeouts: forget the asks ahead"
 
@@ -225,14 +293,10 @@ class ForgetAsks(bootsteps.StartStopStep):
         for waiter in _ahead.values():
             waiter.holding = waiter.wanted = False
         _ahead.clear()
+        if _intake is not None:
+            _intake.forget()
 
-    shutdown = stop
-
-
-@worker_init.connect(dispatch_uid="timeouts.worker.priority.steps")
-def _add_consumer_step(sender=None, **kwargs):
-    """Before the worker builds its consumer, which reads its steps once."""
-    sender.app.steps["consumer"].add(ForgetAsks)
+    shutdown = terminate = stop
 
 
 class _Timed:
@@ -278,31 +342,6 @@ class _Timed:
         finally:
             self._making = False
             self._set(timer)
-
-
-def _queue(worker, waiter):
-    """Queue `waiter` after those claimed on time due before it, before the rest, and ask."""
-    waiting = worker.semaphore._waiting
-    first = _waiting_first(waiting)
-    index = next((index for index in range(first) if waiting[index][0].eta > waiter.eta), first)
-    waiting.insert(index, (waiter, (), {}))
-    with _asks.get_lock():
-        _asks[ASKED] += 1
-        _asks[UNTIL] = time.monotonic() + ASK_LIFETIME
-
-
-def _waiting_of(worker):
-    # kombu's LaxBoundedSemaphore has no way to queue a waiter first: its queue is a deque of
-    # (callback, args, kwargs), release() pops the left end, and ours are the first there. Without
-    # that deque (another kombu, or a pool that queues nothing), requests keep Celery's order.
-    waiting = getattr(getattr(worker, "semaphore", None), "_waiting", None)
-    return waiting if isinstance(waiting, deque) else None
-
-
-def _waiting_first(waiting) -> int:
-    """How many requests claimed on time (or processes asked for ahead) wait, at the front."""
-    return next((index for index, (callback, _, _) in enumerate(waiting) if not isinstance(callback, _Waiter)),
-                len(waiting))
 
 
 def _claimed_on_time(request) -> bool:

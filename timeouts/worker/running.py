@@ -8,7 +8,6 @@ import traceback
 from datetime import datetime
 from typing import NamedTuple
 
-from billiard import common as billiard_common
 from celery.exceptions import WorkerShutdown, WorkerTerminate
 from django.db import InterfaceError, OperationalError, ProgrammingError
 from psycopg.errors import UndefinedTable
@@ -22,6 +21,7 @@ from timeouts.store.queries import fetch_one, is_partition_name
 from timeouts.store.serialization import retry_on_conflict
 from timeouts.testing import faults
 from timeouts.worker import leases
+from timeouts.worker.celery_internals import terminate_handler_fired
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +51,6 @@ def error_text(text: str) -> str:
     return storable[-MAX_ERROR_LENGTH:]
 
 
-# billiard's handler of SIGTERM in a pool process sets a flag, then raises SystemExit wherever the
-# process was. Older billiard versions have the flag without the function that reads it.
-_terminate_handler_fired = getattr(billiard_common, "terminate_handler_fired",
-                                   lambda: billiard_common._should_have_exited[0])
-
-
 def stops_the_worker(exc: BaseException) -> bool:
     """Whether `exc` is the worker stopping the attempt rather than the attempt failing: Ctrl-C,
     Celery's shutdown (WorkerShutdown, WorkerTerminate), gevent or eventlet killing the greenlet,
@@ -69,7 +63,7 @@ def stops_the_worker(exc: BaseException) -> bool:
     greenlet = sys.modules.get("greenlet")
     return (isinstance(exc, (KeyboardInterrupt, WorkerShutdown, WorkerTerminate))
             or (greenlet is not None and isinstance(exc, greenlet.GreenletExit))
-            or _terminate_handler_fired())
+            or terminate_handler_fired())
 
 
 class Done(NamedTuple):
