@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 
+from timeouts import kinds
 from timeouts.store import queries
 
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(120)]
@@ -79,6 +80,13 @@ def test_the_token_bucket_holds_a_twentieth_of_a_second_and_at_least_one():
     assert one("SELECT timeouts_bucket_full_at(NULL, 0, %s)", [at]) is None
 
 
+def literal(value) -> str:
+    """A parameter as SQL text, for EXECUTE: a list is a text array."""
+    if isinstance(value, list):
+        return f"ARRAY[{', '.join(map(repr, value))}]::text[]"
+    return repr(value)
+
+
 @pytest.mark.parametrize("name", ["claim_due", "claimable_deadline", "limit_demand", "stored_limits"])
 @pytest.mark.parametrize("plan", ["force_custom_plan", "force_generic_plan"])
 def test_the_functions_are_inlined_into_the_queries_that_read_them(name, plan):
@@ -86,12 +94,12 @@ def test_the_functions_are_inlined_into_the_queries_that_read_them(name, plan):
     names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))
     positional = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", sql).replace("%%", "%")
     params = {"limit": 100, "lead": 0.0, "max_dispatched": 1000, "shard_index": 1, "shard_count": 3,
-              "concurrency_poll": 0.15, "horizon": 10, "cap": 100}
+              "concurrency_poll": 0.15, "horizon": 10, "cap": 100, "attribute_prefixes": list(kinds.attribute_prefixes())}
     with connection.cursor() as cursor:
         cursor.execute(f"SET plan_cache_mode = {plan}")
         cursor.execute(f"PREPARE inlined AS {positional}")
         try:
-            cursor.execute(f"EXPLAIN (VERBOSE) EXECUTE inlined({', '.join(repr(params[n]) for n in names)})")
+            cursor.execute(f"EXPLAIN (VERBOSE) EXECUTE inlined({', '.join(literal(params[n]) for n in names)})")
             text = "\n".join(row[0] for row in cursor.fetchall())
         finally:
             cursor.execute("DEALLOCATE inlined")
