@@ -12,11 +12,11 @@ from contextlib import contextmanager
 import pytest
 from django.db import connection, connections
 
-from tests import processes
-from tests.brokers import VirtualHost, celery_on, rabbitmq_missing
 from tests.conformance.kinds import KINDS
-from tests.isolation import forget_limits
-from tests.shards import ALIASES
+from tests.support import processes
+from tests.support.brokers import VirtualHost, celery_on, rabbitmq_missing
+from tests.support.isolation import forget_limits
+from tests.support.shards import ALIASES
 from tests.testapp import conformance
 from timeouts.dispatch import dispatcher as dispatching
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 import timeouts
 import timeouts.backends
 import timeouts.celery
-from tests.shards import ALIASES
+from tests.support.shards import ALIASES
 from tests.testapp import conformance
 from timeouts.backends.results import parse_result_id
 from timeouts.durable.calls import biz_type_for

@@ -23,9 +23,9 @@ import pytest
 from django.db import transaction
 
 import timeouts
-from tests import processes
 from tests.conformance.kinds import rows_everywhere
-from tests.shards import ALIASES
+from tests.support import processes
+from tests.support.shards import ALIASES
 from tests.testapp import conformance
 from timeouts import ShardOutsideTransaction
 from timeouts.dispatch.claiming import claim_due

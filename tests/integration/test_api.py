@@ -8,7 +8,7 @@ import pytest
 from django.db import connection, transaction
 
 import timeouts
-from tests.factories import make_task, move_to
+from tests.support.factories import make_task, move_to
 from timeouts import registry
 from timeouts.backends import queues as tasks_queues
 from timeouts.durable.calls import biz_type_for

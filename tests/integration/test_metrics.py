@@ -10,7 +10,7 @@ from django.test import override_settings
 from django.urls import path
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.factories import move_to
+from tests.support.factories import move_to
 from timeouts import events, metrics
 from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from benchmarks.clusters import PG_BIN, ThrowawayPostgres, migrate, postgres_available  # noqa: F401
-from tests.processes import free_port
+from tests.support.processes import free_port
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 

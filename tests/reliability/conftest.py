@@ -18,7 +18,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 from .clusters import ThrowawayPostgres, ThrowawayRedis, postgres_available, redis_available
 from .oracle import Oracle, Scheduler

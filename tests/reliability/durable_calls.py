@@ -129,7 +129,7 @@ def spawn_storer(system, count, *, first, window):
 
 
 def wait_stored(system, storer, timeout):
-    from tests.processes import wait_for
+    from tests.support.processes import wait_for
 
     wait_for(lambda: storer.poll() is not None, timeout, interval=0.2, message="the calls to be stored")
     assert storer.returncode == 0, system.tail(storer)

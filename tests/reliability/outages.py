@@ -26,8 +26,8 @@ import time
 
 import psycopg
 
-from tests.broker_messages import queue_length
-from tests.processes import wait_for
+from tests.support.broker_messages import queue_length
+from tests.support.processes import wait_for
 from timeouts.dispatch.listener import APPLICATION_NAME as LISTENER_NAME
 
 from .clusters import REDIS_SERVER, ThrowawayRedis

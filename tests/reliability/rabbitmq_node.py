@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.processes import wait_for
+from tests.support.processes import wait_for
 
 from .clusters import free_port
 

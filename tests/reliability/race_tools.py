@@ -13,7 +13,7 @@ import time
 
 import psycopg
 
-from tests import processes
+from tests.support import processes
 from timeouts.states import Status
 
 SCALE = float(os.environ.get("TIMEOUTS_RELIABILITY_SCALE", "1.0"))

@@ -27,8 +27,8 @@ from pathlib import Path
 import psutil
 import psycopg
 
-from tests import processes
-from tests.broker_messages import queue_length
+from tests.support import processes
+from tests.support.broker_messages import queue_length
 from timeouts.testing import faults as fault_points
 
 ROOT = processes.ROOT

@@ -10,7 +10,7 @@ numbers also go to var/test-logs/reliability/<test>/numbers.json.
 
 import pytest
 
-from tests.processes import wait_for
+from tests.support.processes import wait_for
 from timeouts.states import Status
 
 from .clusters import redis_available

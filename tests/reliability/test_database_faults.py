@@ -9,7 +9,7 @@ to see what each test observed; the numbers also go to var/test-logs/reliability
 
 import pytest
 
-from tests.processes import wait_for
+from tests.support.processes import wait_for
 
 from .oracle import check
 from .outages import (

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from tests.processes import wait_for
+from tests.support.processes import wait_for
 from timeouts.durable.starts import START_AHEAD
 from timeouts.states import Status
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests import processes
+from tests.support import processes
 from tests.testapp.oracle_handlers import OK_TTR, POISON_MAX_ATTEMPTS
 from timeouts.states import Status
 

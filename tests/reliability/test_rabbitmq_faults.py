@@ -24,7 +24,7 @@ from contextlib import contextmanager, suppress
 import psutil
 import pytest
 
-from tests.processes import wait_for
+from tests.support.processes import wait_for
 
 from .durable_calls import call_runs, check_calls, create_tables, spawn_storer, wait_stored, without_calls
 from .oracle import check

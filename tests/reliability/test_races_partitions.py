@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 import psycopg
 import pytest
 
-from tests import processes
+from tests.support import processes
 
 from .oracle import check
 from .race_tools import (

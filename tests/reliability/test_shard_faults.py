@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from django.test import override_settings
 
-from tests import processes
+from tests.support import processes
 from timeouts.dispatch.listener import APPLICATION_NAME
 from timeouts.storage import shards
 from timeouts.store.queries import fetch_one

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from tests import processes
+from tests.support import processes
 from tests.testapp.tasks import CALLS_TABLE_SQL
 
 HERE = Path(__file__).resolve().parent

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import Permission, User
 
-from tests import processes
-from tests.factories import make_task
+from tests.support import processes
+from tests.support.factories import make_task
 from timeouts.models import TimeoutTask
 
 CHROMIUM = "/usr/bin/chromium"

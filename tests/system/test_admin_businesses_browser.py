@@ -17,7 +17,7 @@ from django.contrib.auth.models import Permission, User
 from django.db import connection
 
 import timeouts
-from tests import processes
+from tests.support import processes
 from tests.system.test_admin_browser import CHROMIUM_ARGS, SCREENSHOTS, chromium  # noqa: F401
 from timeouts import registry
 from timeouts.models import TimeoutTask

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests import processes
+from tests.support import processes
 from timeouts.dispatch.claiming import claim_due
 from timeouts.dispatch.publishing import publish
 from timeouts.models import TimeoutTask

@@ -11,7 +11,7 @@ import pytest
 from django.conf import settings
 from django.core.management import get_commands
 
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 # The bench is a development tool: its runs (one_leg) are checked under one Django. Not the Django
 # tasks backend's, whose code differs between Django's versions.

@@ -13,8 +13,8 @@ from django.urls import path
 from prometheus_client.parser import text_string_to_metric_families
 
 import timeouts.celery
-from tests import processes
-from tests.brokers import drop_connections
+from tests.support import processes
+from tests.support.brokers import drop_connections
 from tests.system.test_dispatcher import dispatcher_process
 from tests.system.test_durable_task import calls, cancel_racing_due_times, settled
 from tests.testapp import tasks

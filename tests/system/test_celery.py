@@ -10,7 +10,7 @@ import psutil
 import pytest
 from django.db import connection, transaction
 
-from tests import processes
+from tests.support import processes
 from timeouts.dispatch.scan import scan
 from timeouts.models import TimeoutTask
 

@@ -13,7 +13,7 @@ import pytest
 from django.conf import settings
 from psycopg import sql
 
-from tests.processes import ROOT, free_port
+from tests.support.processes import ROOT, free_port
 
 SMOKE_DB = "timeouts_demo_smoke"
 

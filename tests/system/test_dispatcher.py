@@ -15,7 +15,7 @@ import psutil
 import pytest
 from django.db import connection, transaction
 
-from tests import processes
+from tests.support import processes
 from timeouts.dispatch.dispatcher import Dispatcher
 from timeouts.dispatch.listener import APPLICATION_NAME
 from timeouts.dispatch.scan import scan

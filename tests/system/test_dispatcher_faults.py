@@ -14,9 +14,9 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from tests import processes
-from tests.broker_messages import queue_length, queued_messages
 from tests.reliability.clusters import ThrowawayPostgres, postgres_available
+from tests.support import processes
+from tests.support.broker_messages import queue_length, queued_messages
 from tests.system.test_dispatcher import (
     ON_TIME,
     dispatcher_backends,

@@ -9,7 +9,7 @@ import zipfile
 
 import pytest
 
-from tests import distributions
+from tests.support import distributions
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -8,8 +8,8 @@ import time
 import pytest
 from django.db import OperationalError
 
-from tests import processes
-from tests.durable_routers import FailingFirst, routed_by
+from tests.support import processes
+from tests.support.durable_routers import FailingFirst, routed_by
 from tests.system.test_dispatcher import dispatcher_thread
 from tests.testapp import tasks
 from timeouts.durable.calls import PREFIX

@@ -13,7 +13,7 @@ from celery.result import AsyncResult
 from django.db import transaction
 
 import timeouts.celery
-from tests import processes
+from tests.support import processes
 from tests.testapp import tasks
 from timeouts.dispatch.scan import scan
 from timeouts.durable.calls import PREFIX

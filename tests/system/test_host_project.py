@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from tests import distributions
+from tests.support import distributions
 
 HOST = Path(__file__).resolve().parent / "host_project"
 EXTRAS = ("binary", "redis", "tasks")  # not [prometheus]: the host checks what its absence says

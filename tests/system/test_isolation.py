@@ -13,8 +13,8 @@ import pytest
 from django.db import connection
 
 import timeouts
-from tests import processes
-from tests.isolation import no_limits  # noqa: F401  (a fixture)
+from tests.support import processes
+from tests.support.isolation import no_limits  # noqa: F401  (a fixture)
 from tests.system.test_dispatcher import dispatcher_process, dispatcher_thread, lateness
 from timeouts.models import TimeoutTask
 

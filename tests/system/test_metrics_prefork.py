@@ -7,7 +7,7 @@ from django.test import override_settings
 from django.urls import path
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests import processes
+from tests.support import processes
 from timeouts import metrics
 from timeouts.models import TimeoutTask
 

@@ -4,7 +4,7 @@ test_dispatcher.py, test_durable_task.py, test_call_starts.py) run them on Redis
 
 Each test below is the same function as in its own module, collected here a second time: in this
 module the `broker` fixture, which `worker` builds on, is a RabbitMQ virtual host of the test's own
-(tests/brokers.py). They are the tests of what a broker does differently: publishing (pipelined on
+(tests/support/brokers.py). They are the tests of what a broker does differently: publishing (pipelined on
 Redis, one confirmed message at a time on RabbitMQ), routing to a named queue, messages published
 ahead of their due time with a Celery ETA, a killed worker's unacknowledged messages (redelivered at
 once by RabbitMQ when its connection drops; after the visibility timeout by Redis), a batch rejected
@@ -18,8 +18,8 @@ import pytest
 from amqp.exceptions import MessageNacked
 from kombu.exceptions import OperationalError
 
-from tests.brokers import rabbitmq as broker  # noqa: F401  (the broker of this module's tests)
-from tests.brokers import rabbitmqctl
+from tests.support.brokers import rabbitmq as broker  # noqa: F401  (the broker of this module's tests)
+from tests.support.brokers import rabbitmqctl
 from tests.system.test_batch_worker_crash import (  # noqa: F401
     test_a_worker_that_dies_inside_a_batch_gets_it_again_and_runs_the_rest_once,
 )
@@ -90,7 +90,7 @@ def queues_with_priorities(broker):  # noqa: F811
 
 @pytest.mark.timeout(60)
 def test_on_a_queue_with_priorities_a_backlog_s_messages_go_after_those_claimed_on_time(queues_with_priorities):
-    from tests.integration.test_batches import schedule_due
+    from tests.integration.worker.test_batches import schedule_due
     from timeouts.dispatch.claiming import claim_due
     from timeouts.dispatch.publishing import publish
 

@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from tests import processes
+from tests.support import processes
 from tests.testapp import recorder
 from tests.testapp.recorder import CONNECTIONS_TABLE_SQL
 from timeouts import tasks

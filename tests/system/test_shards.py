@@ -12,9 +12,9 @@ import pytest
 from django.db import connections
 
 import timeouts
-from tests import processes
-from tests.broker_messages import queue_length
-from tests.shards import ALIASES, key_on, three_shards  # noqa: F401 (an autouse fixture)
+from tests.support import processes
+from tests.support.broker_messages import queue_length
+from tests.support.shards import ALIASES, key_on, three_shards  # noqa: F401 (an autouse fixture)
 from timeouts.dispatch.listener import APPLICATION_NAME
 from timeouts.models import TimeoutTask
 from timeouts.storage import shards

@@ -1,7 +1,7 @@
 """TimeoutsBackend end to end: Django's tasks run in real Celery worker processes (prefork), through
 the real broker and PostgreSQL, handed over by a real dispatcher process or by the safety scan
 (run in a thread of the test process, as beat would run it). The conformance checklist that the
-in-process tests (tests/integration/test_tasks_backend.py) do not cover: run_after order and
+in-process tests (tests/integration/backends/test_backend.py) do not cover: run_after order and
 lateness, workers' signals and results, a worker killed mid-task, cancels racing the due time,
 and the Celery queue of each queue name."""
 
@@ -16,8 +16,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 
-from tests import processes
-from tests.broker_messages import queue_length
+from tests.support import processes
+from tests.support.broker_messages import queue_length
 from tests.system.test_dispatcher import dispatcher_process
 from tests.testapp import django_tasks as tasks
 from timeouts.backends import LeaseExpired, cancel

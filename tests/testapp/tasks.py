@@ -105,7 +105,7 @@ def reject(self):
 
 @worker_ready.connect
 def _say_ready(**_):
-    """A test waiting for this worker (tests.processes.wait_for_worker) learns that it consumes."""
-    path = os.environ.get("TIMEOUTS_TEST_WORKER_READY")  # tests.processes.READY_FILE
+    """A test waiting for this worker (tests.support.processes.wait_for_worker) learns that it consumes."""
+    path = os.environ.get("TIMEOUTS_TEST_WORKER_READY")  # tests.support.processes.READY_FILE
     if path:
         Path(path).touch()

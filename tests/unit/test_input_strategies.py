@@ -1,5 +1,5 @@
-"""The Hypothesis strategies of tests/input_strategies.py: the input properties
-(tests/integration/test_input_properties.py) are only as good as their inputs, so the edge values
+"""The Hypothesis strategies of tests/support/input_strategies.py: the input properties
+(tests/integration/test_validation.py) are only as good as their inputs, so the edge values
 must be in the strategies."""
 
 import math
@@ -7,7 +7,7 @@ from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
 
-from tests.input_strategies import Arg, any_of
+from tests.support.input_strategies import Arg, any_of
 from timeouts.conf import get_settings
 
 

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from tests.processes import ROOT
+from tests.support.processes import ROOT
 
 pytestmark = pytest.mark.timeout(60)
 

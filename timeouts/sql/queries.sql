@@ -6,7 +6,7 @@
 -- future partitions. A write reads clock_timestamp() in its FROM list (or in the row it inserts),
 -- never in an UPDATE's SET nor in a RETURNING list, where distributed PostgreSQL (Citus) refuses
 -- a volatile function outright; what else Citus would need is in docs: explanation/shards
--- (tests/unit/test_citus_ready.py keeps the rule).
+-- (tests/unit/store/test_citus_ready.py keeps the rule).
 
 
 -- name: insert_task

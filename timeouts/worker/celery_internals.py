@@ -4,7 +4,7 @@ timeouts installs itself through public hooks: signals (`worker_init`, `worker_p
 `task_received`, `worker_ready`, `worker_shutdown`), bootsteps added to `app.steps`, a Request class
 (`Task.Request`) and settings (reconnect_prefetch.py works around a Celery behaviour with one).
 What is left has no public hook, and is listed below: what each entry touches, why no public hook
-does it. tests/unit/test_celery_internals.py fails, naming the entry, on a Celery or billiard whose
+does it. tests/unit/worker/test_celery_internals.py fails, naming the entry, on a Celery or billiard whose
 attributes or code no longer match. Checked against Celery 5.7.0, kombu 5.7.0 and billiard 4.3.2.
 
 1. `take_requests()`: which callable a prefork worker hands its requests to (on-time work first,

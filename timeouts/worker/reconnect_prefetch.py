@@ -14,7 +14,7 @@ worker_prefetch_multiplier, which `setup()` sets to 1), and the messages beyond 
 processes wait in the worker, not in the broker, until the tasks still running end (at the latest
 at their time limit).
 
-Checked against Celery 5.7.0. tests/unit/test_reconnect_prefetch.py fails on another Celery: check
+Checked against Celery 5.7.0. tests/unit/worker/test_reconnect_prefetch.py fails on another Celery: check
 there that the prefetch count is still raised from the acknowledging thread, then add the version.
 """
 

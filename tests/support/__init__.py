@@ -1,0 +1,1 @@
+"""Helpers the tests share: processes, brokers, factories, shards, message builders."""

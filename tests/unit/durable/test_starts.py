@@ -1,0 +1,111 @@
+"""The hand-over between the worker's main-process thread that starts calls ahead and the timer
+that sends them to a pool process: each compare-and-set is run by one of the two, never both, and
+a start is either handed over or given back (the worker dropped its message), never both. With a
+database: tests/integration/durable/test_starts.py."""
+
+import threading
+import time
+
+from timeouts.durable import starts as call_starts
+from timeouts.durable.starts import _DatabaseClock, _Start
+from timeouts.worker import leases
+
+FENCE = [1, "2026-01-01T00:00:00+00:00", 1, None, "default"]
+# What the thread's compare-and-set answers (a long lease: no extension falls due in these tests).
+STARTED = {"row": {"job_id": 1, "ttr": 60}, "not_before": 0.0}
+
+
+def kept(start) -> bool:
+    """Whether this process keeps the start's lease."""
+    return start.lease is not None and start.lease in leases.heartbeat.leases
+
+
+def test_a_start_the_thread_has_not_begun_is_abandoned_and_never_run():
+    start = _Start(FENCE)
+    assert start.take() is None
+    assert start.begin() is False  # the thread skips it: the pool process starts the call itself
+
+
+def test_a_start_being_run_is_waited_for_and_handed_over():
+    start = _Start(FENCE)
+    assert start.begin() is True
+    threading.Timer(0.05, start.answer, (STARTED,)).start()
+    assert start.take() == STARTED
+
+
+def test_a_refused_start_hands_over_nothing():
+    start = _Start(FENCE)
+    assert start.begin() is True
+    start.answer(None)
+    assert start.take() is None
+
+
+def test_a_start_given_back_before_it_begins_is_never_run_nor_handed_over():
+    start = _Start(FENCE)
+    assert start.give_back() is None  # nothing recorded: nothing for the database
+    assert start.begin() is False
+    assert start.take() is None  # the pool process starts the call itself, if Celery still runs it
+
+
+def test_a_recorded_start_given_back_is_never_handed_over():
+    start = _Start(FENCE)
+    assert start.begin() is True
+    assert start.answer(STARTED) is True
+    assert kept(start)
+    assert start.give_back() == STARTED
+    assert not kept(start)
+    assert start.take() is None
+
+
+def test_a_start_handed_over_is_never_given_back():
+    start = _Start(FENCE)
+    assert start.begin() is True
+    assert start.answer(STARTED) is True
+    assert start.take() == STARTED
+    assert start.give_back() is None  # the pool process runs it: nothing goes back to the database
+
+
+def test_a_start_handed_over_keeps_its_lease_while_its_request_waits_for_a_process():
+    start = _Start(FENCE)
+    start.begin()
+    start.answer(STARTED)
+    waiting = threading.Event()
+    waiting.set()
+    assert start.take(waiting.is_set) == STARTED
+    assert kept(start) and start.lease.kept()
+    waiting.clear()  # a pool process took it over: its own heartbeat keeps the lease from now on
+    assert not start.lease.kept()
+
+
+def test_a_start_that_answers_too_late_is_abandoned_and_given_back_by_the_thread(monkeypatch):
+    monkeypatch.setattr(call_starts, "ANSWER_TIMEOUT", 0.01)
+    start = _Start(FENCE)
+    assert start.begin() is True
+    assert start.take() is None  # the pool process tries the compare-and-set itself
+    assert start.answer(STARTED) is False  # so the thread gives back what it recorded
+    assert not kept(start)
+
+
+def test_a_start_given_back_while_being_recorded_is_left_to_the_thread_to_give_back():
+    start = _Start(FENCE)
+    assert start.begin() is True
+    assert start.give_back() is None  # its answer has not come yet
+    assert start.answer(STARTED) is False  # the thread gives it back
+    assert not kept(start)
+    assert start.take() is None
+
+
+def test_the_database_clock_offset_is_the_closest_bound_of_the_window():
+    clock = _DatabaseClock()
+    assert clock.offset("a", -0.004) == -0.004
+    assert clock.offset("a", -0.001) == -0.001
+    assert clock.offset("a", -0.003) == -0.001  # a slower answer bounds it less closely
+    assert clock.offset("b", 5.0) == 5.0  # each shard's database has a clock of its own
+
+
+def test_bounds_older_than_the_window_are_dropped():
+    clock = _DatabaseClock()
+    clock.WINDOW = 0.05
+    clock.offset("a", 1.0)
+    time.sleep(0.06)
+    assert clock.offset("a", 0.5) == 0.5
