@@ -94,7 +94,8 @@ def test_the_functions_are_inlined_into_the_queries_that_read_them(name, plan):
     names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))
     positional = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", sql).replace("%%", "%")
     params = {"limit": 100, "lead": 0.0, "max_dispatched": 1000, "shard_index": 1, "shard_count": 3,
-              "concurrency_poll": 0.15, "horizon": 10, "cap": 100, "attribute_prefixes": list(kinds.attribute_prefixes())}
+              "concurrency_poll": 0.15, "horizon": 10, "cap": 100,
+              "attribute_prefixes": list(kinds.attribute_prefixes())}
     with connection.cursor() as cursor:
         cursor.execute(f"SET plan_cache_mode = {plan}")
         cursor.execute(f"PREPARE inlined AS {positional}")
