@@ -154,12 +154,20 @@ def max_in_window(times, width) -> int:
 
 # --- isolation_cost: the claim statement, now and before ---------------------------------------------
 
+CLAIMS_SQL = "timeouts/sql/queries/claims.sql"
+CLAIMS_SQL_BEFORE = "timeouts/sql/queries.sql"
+
+
+def _has(git, commit, path) -> bool:
+    return path in git("ls-tree", "-r", "--name-only", commit, "--", path).split()
+
+
 def claim_sql_before(root, repo=None, commit=None) -> tuple[str, str]:
     """(commit, claim_due) of `commit`, or of the newest commit of the git repository `repo`
     (default: root) whose claim_due differs from root's."""
     from timeouts.store.queries import parse
 
-    path = "timeouts/sql/queries.sql"
+    path = CLAIMS_SQL
     current = parse((root / path).read_text())["claim_due"]
 
     def git(*args):
@@ -169,9 +177,10 @@ def claim_sql_before(root, repo=None, commit=None) -> tuple[str, str]:
         except (OSError, subprocess.SubprocessError) as exc:
             raise BenchError(f"isolation_cost reads the previous claim_due with git (--repo): {exc}") from None
 
-    commits = [commit] if commit else git("log", "--format=%H", "--", path).split()
+    # The claim lived in sql/queries.sql before the queries were filed by subject: history has both.
+    commits = [commit] if commit else git("log", "--format=%H", "--", path, CLAIMS_SQL_BEFORE).split()
     for commit in commits:
-        text = git("show", f"{commit}:{path}")
+        text = git("show", f"{commit}:{path if _has(git, commit, path) else CLAIMS_SQL_BEFORE}")
         query = parse(text).get("claim_due")
         if query and query != current:
             return commit, query
@@ -186,7 +195,7 @@ def _cost(ctx, rep) -> dict:
     cfg = ctx.cfg
     reset(ctx.conn)
     commit, previous = claim_sql_before(ctx.cwd, cfg.repo or None, cfg.claim_sql_commit or None)
-    current = parse((ctx.cwd / "timeouts/sql/queries.sql").read_text())["claim_due"]
+    current = parse((ctx.cwd / CLAIMS_SQL).read_text())["claim_due"]
     batch = get_settings().SCAN_BATCH_SIZE
     values = {"limit": batch, "lead": 0.0, "max_dispatched": cfg.n_claim + 1, "shard_index": 0, "shard_count": 1,
               **notify_params()}

@@ -6,7 +6,7 @@ tasks. Pausing, resuming and setting limits from it need the permission `timeout
 each change goes through timeouts.pause(), resume(), set_limits() or reset_limits(), and into the
 admin log.
 
-Every number on it comes from bounded, index-served queries (timeouts.stats, sql/stats.sql), so
+Every number on it comes from bounded, index-served queries (timeouts.stats, sql/queries/stats.sql), so
 it answers as fast on tens of millions of rows as on a few. With several shards it shows one shard's
 numbers at a time (the first, or the one `?shard=` names: each shard's charts are its own, and
 percentiles of several do not add up); limits and pauses are written to every shard.

@@ -55,7 +55,7 @@ class Claim:
 
 
 # The most one claim takes, whatever it is asked for: the claim's plan is sized for it (see
-# claim_due in sql/queries.sql). A scan or dispatcher with a larger batch claims it in rounds.
+# claim_due in sql/queries/claims.sql). A scan or dispatcher with a larger batch claims it in rounds.
 MAX_CLAIM = 5000
 
 

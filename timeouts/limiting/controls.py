@@ -2,7 +2,7 @@
 and whether any is claimed at all.
 
 They live in the `timeouts_limits` table (sql/migrations/0001_limits.sql), one row per biz_type
-that has any, and the claim (`claim_due` in sql/queries.sql) reads them in the statement that claims: a task held
+that has any, and the claim (`claim_due` in sql/queries/claims.sql) reads them in the statement that claims: a task held
 back by a limit or a pause waits in the table, PENDING, and is claimed once it may start (late,
 never lost, never early). So a change is in force at the next claim of every dispatcher and scan,
 survives restarts, and holds however many of them run.

@@ -15,7 +15,7 @@ The table may hold tens of millions of rows, so nothing here counts a large set 
   limit: past it, a count is the planner's estimate and a chart says how far it read.
 - Several shards: shard_report.py. The report as text: report_text.py.
 
-The queries are in sql/stats.sql; the admin's counts are its filters' querysets.
+The queries are in sql/queries/stats.sql; the admin's counts are its filters' querysets.
 """
 
 import json

@@ -1,9 +1,10 @@
 """Named SQL queries, read once from the files in QUERY_FILES.
 
-Every runtime query lives under a `-- name: <name>` header in one of the QUERY_FILES of `sql/`
-(tasks, partition maintenance, the dispatcher, stats), so the SQL that runs in production can be
-read, reviewed and EXPLAINed in one place. The line right under the header says what the query does
-(DESCRIPTIONS); a longer explanation, if any, follows after a bare `--` line.
+Every runtime query lives under a `-- name: <name>` header in one of the QUERY_FILES of
+`sql/queries/`, a file per subject (scheduling, claims, attempts, transitions, partitions, stats,
+...), so the SQL that runs in production can be read, reviewed and EXPLAINed in one place. The line
+right under the header says what the query does (DESCRIPTIONS); a longer explanation, if any,
+follows after a bare `--` line.
 
 A piece of SQL that several queries share (a CTE, a subquery) is written once, under a
 `-- part: <name>` header, and a query takes it in with a line that starts with `{<name>}` (indented as
@@ -71,14 +72,14 @@ def parse(text: str, parts: dict[str, str] | None = None) -> dict[str, str]:
     return {name: include(body, known) for name, body in sections(text).items()}
 
 
-QUERY_FILES = ("queries.sql", "partitions.sql", "dispatcher.sql", "stats.sql", "tasks_backend.sql", "shards.sql",
-               "limit_shares.sql")
+# Every file of sql/queries/, one subject each (the claims, an attempt, partitions, stats, ...).
+QUERY_FILES = tuple(sorted(path.name for path in (SQL_DIR / "queries").glob("*.sql")))
 
 
 def _read(kind):
     found = {}
     for file in QUERY_FILES:
-        for name, body in sections(substitute((SQL_DIR / file).read_text()), kind).items():
+        for name, body in sections(substitute((SQL_DIR / "queries" / file).read_text()), kind).items():
             if name in found:
                 raise ValueError(f"{kind} {name!r} is defined in two files")
             found[name] = body

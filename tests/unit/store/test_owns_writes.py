@@ -65,8 +65,8 @@ def writes_tasks(sql: str) -> bool:
 
 def _named_queries() -> dict[str, str]:
     """Every named query of every SQL file of timeouts/sql, and the variants store/queries.py derives."""
-    files = {path.name for path in (PACKAGE / "sql").glob("*.sql")}
-    assert files == set(queries.QUERY_FILES), "the loader reads every SQL file of timeouts/sql"
+    files = {path.name for path in (PACKAGE / "sql" / "queries").glob("*.sql")}
+    assert files == set(queries.QUERY_FILES), "the loader reads every SQL file of timeouts/sql/queries"
     return dict(queries.QUERIES)
 
 

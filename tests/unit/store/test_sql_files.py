@@ -13,6 +13,7 @@ from timeouts.states import Status
 
 SQL_DIR = Path(states.__file__).with_name("sql")
 MIGRATION_SQL_DIR = SQL_DIR / "migrations"
+QUERY_SQL_DIR = SQL_DIR / "queries"
 SQL_FILES = sorted(SQL_DIR.rglob("*.sql"))
 
 # A status compared with, or set to, a number.
@@ -140,7 +141,8 @@ def test_shared_sql_is_written_once():
 
     # The biz_types walk is one part, read by the claim and by the dispatcher's deadline; the claim's
     # two rounds take their tasks through one part.
-    written = queries.sections((SQL_DIR / "queries.sql").read_text() + (SQL_DIR / "dispatcher.sql").read_text())
+    written = queries.sections(
+        (QUERY_SQL_DIR / "claims.sql").read_text() + (QUERY_SQL_DIR / "dispatcher.sql").read_text())
     for name in ("claim_due", "claimable_deadline"):
         assert written[name].count("{pending_types}") == 1, name
     assert written["claim_due"].count("{oldest_due_tasks}") == 2
@@ -153,11 +155,11 @@ def test_shared_sql_is_written_once():
 def test_every_sql_file_is_read_once():
     from timeouts.store import queries
 
-    # timeouts/sql holds the runtime query files, each read by queries.py; sql/migrations holds the
+    # sql/queries holds the runtime query files, each read by queries.py; sql/migrations holds the
     # migrations' files, each named by exactly one migration. Nothing else lies in either.
-    assert {path.parent for path in SQL_FILES} == {SQL_DIR, MIGRATION_SQL_DIR}
-    runtime = {path.name for path in SQL_FILES if path.parent == SQL_DIR}
-    assert runtime == set(queries.QUERY_FILES), f"timeouts/sql holds {sorted(runtime)}, QUERY_FILES names others"
+    assert {path.parent for path in SQL_FILES} == {QUERY_SQL_DIR, MIGRATION_SQL_DIR}
+    runtime = {path.name for path in SQL_FILES if path.parent == QUERY_SQL_DIR}
+    assert runtime == set(queries.QUERY_FILES), f"sql/queries holds {sorted(runtime)}, QUERY_FILES names others"
     migrations = {path.name: text for path, text in _package_sources().items() if path.parent.name == "migrations"}
     for path in SQL_FILES:
         if path.parent != MIGRATION_SQL_DIR:

@@ -1,0 +1,134 @@
+-- The worker's side of an attempt: its start by compare-and-set, its lease, its outcome.
+-- Parameters use Django's %(name)s style, so a literal percent sign is written %%.
+--
+-- "Now" is the database clock: clock_timestamp() where a statement must see the real time inside a
+-- longer transaction, now() in the short claim transactions, where it also lets the planner prune
+-- future partitions. A write reads clock_timestamp() in its FROM list (or in the row it inserts),
+-- never in an UPDATE's SET nor in a RETURNING list, where distributed PostgreSQL (Citus) refuses
+-- a volatile function outright; what else Citus would need is in docs: explanation/shards
+-- (tests/unit/store/test_citus_ready.py keeps the rule).
+
+
+-- name: start_task
+-- The worker's compare-and-set: starts the attempt of a claimed task (RUNNING, with a lease).
+--
+-- The worker's compare-and-set: only the message of the current dispatch (same attempt number,
+-- still DISPATCHED, due by the database clock) may start the handler. A cancel that committed
+-- first changed the status, so this matches nothing and the handler never runs. The lease is the
+-- TTR, plus what is left of a batch's budget (lease_extra): Celery's time limit on the batch.
+-- The state is compared with IS NOT DISTINCT FROM (`=` for these NOT NULL columns) so that only
+-- the primary key can find the row: see queries.py, ON_PARTITION.
+-- `ahead` (seconds, 0 but for stored Celery calls) lets the start be recorded up to that much
+-- before run_at, as starting at run_at: the worker then waits out the rest by the database clock
+-- (database_now) before the body starts, and the durable commit is not in its lateness.
+UPDATE timeouts_task
+SET status = :RUNNING, attempts = attempts + 1, started_at = greatest(run_at, c.now), modified_at = c.now,
+    lease_until = greatest(run_at, c.now) + (ttr + %(lease_extra)s) * interval '1 second'
+FROM (SELECT clock_timestamp() AS now) AS c
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s
+  AND (status, attempts) IS NOT DISTINCT FROM (:DISPATCHED, %(attempt)s - 1)
+  AND run_at <= c.now + %(ahead)s * interval '1 second'
+RETURNING timeouts_task.*, c.now AS database_now;
+
+
+-- name: task_state
+-- One task's status, attempts and run_at, beside the database clock.
+SELECT status, attempts, run_at, clock_timestamp() AS now
+FROM timeouts_task
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s;
+
+
+-- name: finish_task
+-- Marks a running attempt DONE.
+--
+-- Committed without waiting for the WAL flush (synchronous_commit off, for this statement's own
+-- transaction only): if a database crash loses it, the task is still RUNNING, its lease runs out
+-- and it runs again: at least once still holds, and the worker saves a disk flush per task. The
+-- start (start_task) stays durable: a cancel() must never succeed after a handler started.
+-- The state is compared as in start_task.
+UPDATE timeouts_task
+SET status = :DONE, finished_at = c.now, modified_at = c.now, lease_until = NULL
+FROM (SELECT clock_timestamp() AS now, set_config('synchronous_commit', 'off', true)) AS c
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s
+  AND (status, attempts) IS NOT DISTINCT FROM (:RUNNING, %(attempt)s)
+RETURNING job_id;
+
+
+-- name: finish_then_start_task
+-- Marks a batch's previous task DONE and starts its next one, in one statement.
+--
+-- A batch's previous task's DONE (as finish_task, done_ parameters) and its next task's start (as
+-- start_task) in one statement: one round trip and one durable commit, where the two statements
+-- cost a durable commit and one without a flush, which then delays the durable one (docs:
+-- explanation/benchmarks). Nothing runs between a handler's end and the next one's start, so
+-- writing the DONE there changes no outcome; it only becomes durable.
+-- Always one row: `finished` says whether the DONE matched; the start's columns are NULL when the
+-- start matched nothing (a stale or early message: running.py goes on as after start_task).
+-- test_batches checks that it leaves both rows as the two queries do.
+WITH c AS (SELECT clock_timestamp() AS now),
+finished AS (
+UPDATE timeouts_task
+SET status = :DONE, finished_at = c.now, modified_at = c.now, lease_until = NULL
+FROM c
+WHERE job_id = %(done_job_id)s AND action_time = %(done_action_time)s
+  AND (status, attempts) IS NOT DISTINCT FROM (:RUNNING, %(done_attempt)s)
+RETURNING job_id
+),
+started AS (
+UPDATE timeouts_task
+SET status = :RUNNING, attempts = attempts + 1, started_at = c.now, modified_at = c.now,
+    lease_until = c.now + (ttr + %(lease_extra)s) * interval '1 second'
+FROM c
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s
+  AND (status, attempts) IS NOT DISTINCT FROM (:DISPATCHED, %(attempt)s - 1) AND run_at <= c.now
+RETURNING timeouts_task.*
+)
+SELECT EXISTS (SELECT FROM finished) AS finished, started.*
+FROM (SELECT) AS one LEFT JOIN started ON true;
+
+
+-- name: fail_task
+-- A raising handler: back to PENDING after a backoff, or DEAD once attempts are used up.
+UPDATE timeouts_task
+SET status = CASE WHEN attempts >= max_attempts THEN :DEAD ELSE :PENDING END,
+    run_at = CASE WHEN attempts >= max_attempts THEN run_at
+                  ELSE greatest(run_at, c.now + %(backoff)s * interval '1 second') END,
+    finished_at = CASE WHEN attempts >= max_attempts THEN c.now END,
+    last_error = %(error)s, lease_until = NULL, modified_at = c.now
+FROM (SELECT clock_timestamp() AS now) AS c
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s AND status = :RUNNING AND attempts = %(attempt)s
+RETURNING status, timeouts_notify_v1(%(channel)s, CASE WHEN status = :PENDING THEN run_at END, c.now + %(horizon)s * interval '1 second') AS notified;
+
+
+-- name: confirm_start
+-- Confirms, right before its body, that a call started ahead still holds, and renews its lease.
+--
+-- Right before the body of a call whose start the worker's main process recorded ahead
+-- (call_starts.py), maybe long before if it waited for a pool process: that start still holds
+-- (RUNNING for this attempt: lease recovery moves a started call on, nothing else does) and its
+-- lease is renewed for a whole TTR, which the pool process's heartbeat (leases.py) then keeps.
+-- Matching nothing, the call is not run. Committed without waiting for the WAL flush: a database
+-- crash that loses it leaves the lease as it was, and the call may run again (at least once), while
+-- the body starts a disk flush sooner. The state is compared as in start_task.
+UPDATE timeouts_task
+SET lease_until = c.now + ttr * interval '1 second'
+FROM (SELECT clock_timestamp() AS now, set_config('synchronous_commit', 'off', true)) AS c
+WHERE job_id = %(job_id)s AND action_time = %(action_time)s
+  AND (status, attempts) IS NOT DISTINCT FROM (:RUNNING, %(attempt)s)
+RETURNING job_id;
+
+
+-- name: extend_leases
+-- Extends the leases of running attempts a worker process keeps alive.
+--
+-- The leases a worker process keeps alive (leases.py: DurableTask calls, calls started ahead that
+-- wait for a pool process, handlers in a pool without hard time limits), fenced as finish_task: such
+-- a task is not taken for lost while its process lives, and the leases of a process that died run
+-- out as before.
+UPDATE timeouts_task AS t
+SET lease_until = c.now + t.ttr * interval '1 second'
+FROM unnest(%(job_ids)s::bigint[], %(action_times)s::timestamptz[], %(attempts)s::integer[])
+    AS r(job_id, action_time, attempt),
+     (SELECT clock_timestamp() AS now) AS c
+WHERE t.job_id = r.job_id AND t.action_time = r.action_time AND t.status = :RUNNING AND t.attempts = r.attempt
+RETURNING t.job_id;

@@ -1,0 +1,60 @@
+-- Creating tasks: one INSERT, the job ids of a COPY, and the key lock of on_conflict.
+-- Parameters use Django's %(name)s style, so a literal percent sign is written %%.
+--
+-- "Now" is the database clock: clock_timestamp() where a statement must see the real time inside a
+-- longer transaction, now() in the short claim transactions, where it also lets the planner prune
+-- future partitions. A write reads clock_timestamp() in its FROM list (or in the row it inserts),
+-- never in an UPDATE's SET nor in a RETURNING list, where distributed PostgreSQL (Citus) refuses
+-- a volatile function outright; what else Citus would need is in docs: explanation/shards
+-- (tests/unit/store/test_citus_ready.py keeps the rule).
+
+
+-- name: insert_task
+-- Inserts one task and wakes the dispatchers when it is due within their horizon.
+--
+-- One new task, inside a transaction that may do more. With delay=, the database adds it to its
+-- own clock (statement_timestamp(): one value for the whole statement, so action_time = run_at and
+-- created_at = modified_at). Wakes the dispatchers when the task is due within the horizon (one
+-- round trip for both) through timeouts_notify_v1, which sends at most one NOTIFY per transaction;
+-- the CASE calls it only then, since a PL/pgSQL call costs more than the comparison. For a
+-- statement that is its own transaction, queries.py derives insert_task_autocommit, which calls
+-- pg_notify() itself. Returns what the database decided (the caller knows the rest; the attribute
+-- as jsonb gives it back, which can differ from what was passed: 1e16 comes back an int), in this
+-- order: this is schedule()'s hot path, and every column returned costs (a CTE returning the row
+-- costs more still). The job_id carries the task's slot in its low bits (shards.py).
+INSERT INTO timeouts_task
+    (job_id, biz_type, biz_id, action_time, run_at, attribute, max_attempts, ttr, created_at, modified_at)
+VALUES (nextval('timeouts_task_job_id_seq') * 1024 + %(slot)s, %(biz_type)s, %(biz_id)s,
+        coalesce(%(at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
+        coalesce(%(at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
+        %(attribute)s::jsonb, %(max_attempts)s, %(ttr)s, statement_timestamp(), statement_timestamp())
+RETURNING job_id, action_time, attribute, created_at,
+    CASE WHEN run_at <= created_at + %(horizon)s * interval '1 second'
+         THEN timeouts_notify_v1(%(channel)s, run_at, created_at + %(horizon)s * interval '1 second')
+         ELSE false END AS notified;
+
+
+-- name: next_job_ids
+-- Sequence values for bulk_schedule()'s COPY, which computes the job_ids as insert_task does.
+SELECT array(SELECT nextval('timeouts_task_job_id_seq') FROM generate_series(1, %(count)s)) AS values;
+
+
+-- name: notify_deadline
+-- Wakes the dispatchers for a deadline within their horizon (at most once per transaction).
+SELECT timeouts_notify_v1(%(channel)s, %(deadline)s, clock_timestamp() + %(horizon)s * interval '1 second');
+
+
+-- name: lock_biz_key
+-- Takes a transaction-level advisory lock on one (biz_type, biz_id).
+--
+-- Serialises on_conflict scheduling of one (biz_type, biz_id) until the transaction ends.
+-- Hash collisions only make two keys wait for each other; they never merge them.
+SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(%(biz_type)s || ':' || %(biz_id)s));
+
+
+-- name: waiting_tasks_for_key
+-- Tasks of one key that have not started yet (PENDING or DISPATCHED).
+SELECT * FROM timeouts_task
+WHERE biz_id = %(biz_id)s AND biz_type = %(biz_type)s AND status IN (:PENDING, :DISPATCHED)
+ORDER BY action_time, job_id
+FOR UPDATE;
