@@ -187,7 +187,7 @@ def test_the_merged_statement_leaves_the_rows_as_the_start_and_the_done_alone_do
     alone, merged = schedule_due("test.record", 2), schedule_due("test.record", 2, ago=4)
     claims = {claim.job_id: claim for claim in claim_due(10)}
     for task in alone:
-        assert running.run(*claims[task.job_id].message_args()) == "done"
+        assert running.run(claims[task.job_id].fence) == "done"
     assert batches.run_batch([claims[t.job_id].batch_item() for t in merged]) == "2 done"
     times = {"action_time", "run_at", "created_at", "modified_at", "dispatched_at", "started_at", "finished_at",
              "job_id", "biz_id"}

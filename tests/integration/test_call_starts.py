@@ -14,6 +14,7 @@ from tests.testapp import tasks
 from timeouts.durable.starts import _Start, _starter
 from timeouts.durable.task import _run_fenced
 from timeouts.models import TimeoutTask
+from timeouts.protocol import Fence, from_header
 from timeouts.store import worker_connection
 from timeouts.store.queries import fetch_one
 from timeouts.store.recovery import recover_expired
@@ -79,7 +80,7 @@ def test_a_call_whose_start_ahead_no_longer_holds_is_dropped_before_its_body():
     ran = []
     try:
         with pytest.raises(Ignore):
-            _run_fenced(tasks.record, fence, lambda: ran.append(True), (), {})
+            _run_fenced(tasks.record, from_header(fence), lambda: ran.append(True), (), {})
     finally:
         worker_connection.close()
     assert ran == []
@@ -91,7 +92,7 @@ def test_a_call_whose_start_ahead_no_longer_holds_is_dropped_before_its_body():
 def held_start(task) -> _Start:
     """A start the worker's main process recorded ahead for `task` (RUNNING, attempt 1), for a
     message the worker holds, as _starter.submit() and its thread leave it."""
-    start = _Start([task.job_id, task.action_time.isoformat(), 1, partition_of(task), "default"])
+    start = _Start(Fence(task.job_id, task.action_time, 1, partition_of(task)))
     with _starter.lock:
         _starter.held.add(start)
     assert start.begin()

@@ -11,6 +11,7 @@ import timeouts
 from timeouts import registry
 from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
+from timeouts.protocol import Fence
 from timeouts.store import clock
 from timeouts.store.queries import fetch_one
 from timeouts.store.recovery import recover_expired
@@ -30,7 +31,7 @@ def claim_one():
 
 
 def run_message(claim):
-    return running.run(*claim.message_args())
+    return running.run(claim.fence)
 
 
 def reload(task):
@@ -73,7 +74,7 @@ def test_claims_come_in_due_order_and_in_batches():
 def test_stale_and_duplicate_messages_are_dropped(starts):
     task = due_task()
     claim = claim_one()
-    assert running.run(task.job_id, claim.action_time.isoformat(), 2) == "dropped"  # wrong attempt
+    assert running.run(Fence(task.job_id, claim.action_time, 2)) == "dropped"  # wrong attempt
     assert run_message(claim) == "done"
     assert run_message(claim) == "dropped"  # redelivered after it ran
     assert starts.count() == 1

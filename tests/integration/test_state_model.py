@@ -34,6 +34,7 @@ from timeouts import TaskConflict
 from timeouts.conf import get_settings, notify_params
 from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
+from timeouts.protocol import Fence
 from timeouts.registry import get_handler
 from timeouts.store.queries import fetch_one
 from timeouts.store.recovery import recover_expired
@@ -289,7 +290,7 @@ class TaskMachine(RuleBasedStateMachine):
         expected = self.would_start(message)
         if expected and task.key[0] == "test.fail" and message.attempt < task.max_attempts:
             return  # a retry's backoff would make the task due only in 1-2 s: not modelled here
-        outcome = running.run(message.job_id, message.action_time.isoformat(), message.attempt)
+        outcome = running.run(Fence(message.job_id, message.action_time, message.attempt))
         SEEN[f"run: {outcome}"] += 1
         if not expected:
             assert outcome == "dropped"

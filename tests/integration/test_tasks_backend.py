@@ -38,7 +38,7 @@ def tables(transactional_db):
 
 def run_due() -> list[str]:
     """What a worker does with the due tasks' messages; their outcomes."""
-    return [running.run(*claim.message_args()) for claim in claim_due(100)]
+    return [running.run(claim.fence) for claim in claim_due(100)]
 
 
 def make_due_now(result):
@@ -211,7 +211,7 @@ def test_an_eager_run_inside_a_transaction_leaves_it_usable():
     result = tasks.record.using(run_after=datetime.now(UTC) - timedelta(days=60)).enqueue("eager")
     [claim] = claim_due(100)
     with transaction.atomic():
-        assert running.run(*claim.message_args()) == "done"
+        assert running.run(claim.fence) == "done"
         assert tasks.record.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
 
 
@@ -379,7 +379,7 @@ def test_cancel_after_it_ran_or_while_claimed():
     claimed = tasks.record.enqueue("claimed")
     [claim] = claim_due(100)
     assert cancel(claimed.id) is True  # claimed, not started: the compare-and-set then matches nothing
-    assert running.run(*claim.message_args()) == "dropped"
+    assert running.run(claim.fence) == "dropped"
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM timeouts_test_django_task")
         assert cursor.fetchone()[0] == 0

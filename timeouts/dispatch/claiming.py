@@ -12,7 +12,7 @@ from datetime import datetime
 from django.db import DEFAULT_DB_ALIAS, Error
 from django.db.transaction import TransactionManagementError
 
-from timeouts import events
+from timeouts import events, protocol
 from timeouts.conf import get_settings, notify_params
 from timeouts.storage import shards
 from timeouts.store import worker_connection
@@ -39,19 +39,22 @@ class Claim:
         """Claimed ahead of time (the dispatcher's lead): the worker should start it at run_at."""
         return self.run_at if self.run_at > self.claimed_at else None
 
+    @property
+    def fence(self) -> protocol.Fence:
+        """What its message carries (protocol.py)."""
+        return protocol.Fence(self.job_id, self.action_time, self.attempt, self.partition, self.shard, self.run_at)
+
     def message_args(self):
-        """What `timeouts.run` receives: enough to address the row (its key, and the partition where
-        the worker's UPDATEs can go straight) and to fence stale messages."""
-        return [self.job_id, self.action_time.isoformat(), self.attempt, self.partition]
+        """What `timeouts.run` receives."""
+        return protocol.run_args(self.fence)
 
     def message_kwargs(self):
-        """The keyword arguments of its `timeouts.run` or `timeouts.run_batch` message: the shard
-        that holds the row, unless it is the default (a single database's messages name none)."""
-        return {} if self.shard == DEFAULT_DB_ALIAS else {"shard": self.shard}
+        """The keyword arguments of its `timeouts.run` or `timeouts.run_batch` message."""
+        return protocol.run_kwargs(self.fence)
 
     def batch_item(self):
-        """One task of a `timeouts.run_batch` message: run_at too, so the worker can wait for it."""
-        return [self.job_id, self.action_time.isoformat(), self.attempt, self.run_at.isoformat(), self.partition]
+        """One task of a `timeouts.run_batch` message."""
+        return protocol.batch_item(self.fence)
 
 
 # The most one claim takes, whatever it is asked for: the claim's plan is sized for it (see

@@ -26,18 +26,17 @@ instead of a broker or a worker's memory (importable as `timeouts.celery.Durable
 import logging
 import time
 import traceback
-from datetime import datetime, timedelta
+from datetime import timedelta
 from functools import partial
 
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry, TimeLimitExceeded
 from celery.utils.time import maybe_make_aware
 from dateutil.parser import isoparse
-from django.db import DEFAULT_DB_ALIAS
 
 from timeouts import registry
 from timeouts.durable import calls as celery_calls
-from timeouts.durable.calls import FENCE_HEADER
+from timeouts.protocol import ETA_HEADROOM, FENCE_HEADER, from_header
 from timeouts.storage import shards
 
 logger = logging.getLogger(__name__)
@@ -107,10 +106,10 @@ class DurableTask(Task):
 
     def __call__(self, *args, **kwargs):
         request = self.request
-        fence = None if request.called_directly else (request.headers or {}).get(FENCE_HEADER)
-        if not fence:
+        fields = None if request.called_directly else (request.headers or {}).get(FENCE_HEADER)
+        if not fields:
             return super().__call__(*args, **kwargs)
-        return _run_fenced(self, fence, super().__call__, args, kwargs)
+        return _run_fenced(self, from_header(fields), super().__call__, args, kwargs)
 
     def on_failure(self, exc, task_id, args, kwargs, einfo):
         """Celery's worker calls this in its main process when it killed a task at its hard time
@@ -136,17 +135,14 @@ def _not_yet_due(app, eta, countdown):
 def _run_fenced(task, fence, body, args, kwargs):
     """The worker's side: the compare-and-set start, the body, the outcome."""
     from timeouts import events
-    from timeouts.dispatch.publishing import ETA_HEADROOM
     from timeouts.models import TimeoutTask
     from timeouts.store import worker_connection
     from timeouts.store.queries import is_partition_name
     from timeouts.worker import leases, running
 
-    job_id, action_time, attempt, partition, *rest = fence
-    shard = rest[0] if rest else DEFAULT_DB_ALIAS  # a four-field fence names no shard: the default
-    started_ahead = rest[1] if len(rest) > 1 else None  # by the worker's main process: call_starts.py
-    key = {"job_id": job_id, "action_time": datetime.fromisoformat(action_time)}
-    partition = partition if is_partition_name(partition) else None
+    job_id, attempt, shard, key = fence.job_id, fence.attempt, fence.shard, fence.key
+    started_ahead = fence.started  # by the worker's main process: call_starts.py
+    partition = fence.partition if is_partition_name(fence.partition) else None
     with worker_connection.used(shard):
         if started_ahead is not None:
             # The start may be long past: the call may have waited for a pool process. It runs only

@@ -5,7 +5,6 @@ import random
 import sys
 import time
 import traceback
-from datetime import datetime
 from typing import NamedTuple
 
 from billiard import common as billiard_common
@@ -16,6 +15,7 @@ from psycopg.errors import UndefinedTable
 from timeouts import events
 from timeouts.conf import notify_params
 from timeouts.models import TimeoutTask
+from timeouts.protocol import Fence
 from timeouts.registry import get_handler
 from timeouts.store import worker_connection
 from timeouts.store.queries import fetch_one, is_partition_name
@@ -87,19 +87,19 @@ class Done(NamedTuple):
         return {**self.key, "attempt": self.attempt}
 
 
-def run(job_id: int, action_time: str, attempt: int, partition: str | None = None, lease_extra: float = 0.0) -> str:
-    """Run one attempt of a task if this message still owns it; returns what happened.
-    `partition`: where the claim found the row, for the start and the DONE to go straight there.
+def run(fence: Fence, lease_extra: float = 0.0) -> str:
+    """Run the attempt of `fence` if its message still owns it; returns what happened. Its
+    partition, where the claim found the row, is where the start and the DONE go straight.
     `lease_extra`: seconds of lease beyond the TTR (a batch's time limit is longer than one TTR)."""
-    _, outcome, done = run_leaving_done(job_id, action_time, attempt, partition, lease_extra)
+    _, outcome, done = run_leaving_done(fence, lease_extra)
     return outcome if done is None else finish(done)
 
 
-def run_leaving_done(job_id, action_time, attempt, partition=None, lease_extra=0.0, previous: Done | None = None):
+def run_leaving_done(fence: Fence, lease_extra=0.0, previous: Done | None = None):
     """run(), except that a handler that returns leaves its DONE to the caller, who writes it with
     finish() or passes it on as the next task's `previous`: then one statement writes it and starts
     that task. Returns (previous's outcome, this task's outcome or None, this task's Done or None)."""
-    key = {"job_id": job_id, "action_time": datetime.fromisoformat(action_time)}
+    job_id, attempt, key, partition = fence.job_id, fence.attempt, fence.key, fence.partition
     # Inside a host's transaction (an eager task) a missing partition would abort it: no shortcut.
     partition = partition if is_partition_name(partition) and not worker_connection.current().in_atomic_block else None
     if previous is not None and previous.partition == partition:
