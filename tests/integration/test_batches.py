@@ -18,7 +18,7 @@ from timeouts.dispatch.publishing import ETA_HEADROOM, publish
 from timeouts.models import TimeoutTask
 from timeouts.store import queries
 from timeouts.testing import faults
-from timeouts.worker import batches, running
+from timeouts.worker import attempt, batches, running
 from timeouts.worker import priority as on_time_first
 
 Status = TimeoutTask.Status
@@ -337,5 +337,5 @@ def test_a_start_in_a_batch_leases_the_task_until_the_batch_time_limit():
     """The TTR plus what is left of the batch's budget: as long as Celery lets the batch run."""
     [task] = schedule_due("test.record", 1)
     [claim] = claim_due(10)
-    started = running.start({"job_id": claim.job_id, "action_time": claim.action_time}, claim.attempt, 0.75)
+    started = attempt.start({"job_id": claim.job_id, "action_time": claim.action_time}, claim.attempt, 0.75)
     assert (started.lease_until - started.started_at).total_seconds() == pytest.approx(task.ttr + 0.75)

@@ -18,7 +18,7 @@ from timeouts.protocol import Fence, from_header
 from timeouts.store import worker_connection
 from timeouts.store.queries import fetch_one
 from timeouts.store.recovery import recover_expired
-from timeouts.worker import running
+from timeouts.worker import attempt
 
 Status = TimeoutTask.Status
 
@@ -50,8 +50,8 @@ def state(task):
 def test_confirm_start_holds_for_the_running_attempt_and_renews_its_lease(on_partition):
     task = make_task(Status.RUNNING, lease=timedelta(seconds=-5))  # run out, not recovered yet
     partition = partition_of(task) if on_partition else None
-    assert running.confirm_start(key_of(task), 2, partition) is False  # another attempt's
-    assert running.confirm_start(key_of(task), 1, partition) is True
+    assert attempt.confirm_start(key_of(task), 2, partition) is False  # another attempt's
+    assert attempt.confirm_start(key_of(task), 1, partition) is True
     assert task.ttr - 5 < lease_left(task) <= task.ttr
 
 
@@ -59,14 +59,14 @@ def test_confirm_start_holds_for_the_running_attempt_and_renews_its_lease(on_par
 def test_confirm_start_refuses_a_start_that_lease_recovery_took_back():
     task = make_task(Status.RUNNING, lease=timedelta(seconds=-5))
     assert recover_expired() == 1
-    assert running.confirm_start(key_of(task), 1, partition_of(task)) is False
+    assert attempt.confirm_start(key_of(task), 1, partition_of(task)) is False
     assert state(task) == (Status.PENDING, 1)  # untouched
 
 
 @pytest.mark.django_db
 def test_confirm_start_refuses_an_ended_start():
     task = make_task(Status.DONE)
-    assert running.confirm_start(key_of(task), 1) is False
+    assert attempt.confirm_start(key_of(task), 1) is False
 
 
 @pytest.mark.django_db(transaction=True)

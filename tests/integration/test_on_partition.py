@@ -11,12 +11,11 @@ from django.test.utils import CaptureQueriesContext
 
 from tests.testapp import tasks
 from timeouts.dispatch.claiming import claim_due
-from timeouts.durable import task as durable
 from timeouts.models import TimeoutTask
 from timeouts.protocol import from_batch_item, from_run
 from timeouts.storage import partition_ddl
-from timeouts.store import queries, worker_connection
-from timeouts.worker import running
+from timeouts.store import attempts, queries, worker_connection
+from timeouts.worker import attempt, running
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
@@ -61,8 +60,8 @@ def test_a_stored_celery_calls_outcome_goes_straight_to_its_partition():
     assert claim.partition == partition_of(claim.job_id) != "timeouts_task"
     key = {"job_id": claim.job_id, "action_time": claim.action_time}
     with worker_connection.shared(claim.shard), CaptureQueriesContext(connection) as captured:
-        row = running.start(key, claim.attempt, partition=claim.partition)
-        durable._end(row, claim.shard, key, claim.attempt, claim.partition, Status.DONE, "")
+        row = attempt.start(key, claim.attempt, partition=claim.partition)
+        assert attempts.end_call(key, claim.attempt, Status.DONE, "", row.started_at, claim.partition) is not None
     assert updates_of(captured) == [claim.partition, claim.partition]  # the start, the outcome
     assert status_of(claim) == Status.DONE
 

@@ -3,7 +3,7 @@ a pure Python model of statuses and attempts (the model is the spec: the documen
 
 Moves: schedule (with on_conflict), cancel (a fresh or a stale instance, and by key), reschedule (to the
 past, now, an hour, days and years ahead: across partitions and into DEFAULT), requeue, claim_due (with a
-lead), the worker's compare-and-set and its finish/fail (running.start, the finish_task/fail_task SQL),
+lead), the worker's compare-and-set and its finish/fail (attempt.start, the finish_task/fail_task SQL),
 a whole running.run of a message (also stale and duplicate ones), and lease expiry + recover_expired().
 After every step the table must equal the model, and the invariants below must hold.
 
@@ -38,7 +38,7 @@ from timeouts.protocol import Fence
 from timeouts.registry import get_handler
 from timeouts.store.queries import fetch_one
 from timeouts.store.recovery import recover_expired
-from timeouts.worker import running
+from timeouts.worker import attempt, running
 
 Status = TimeoutTask.Status
 PENDING, DISPATCHED, DONE, CANCELLED, RUNNING, DEAD = (
@@ -242,7 +242,7 @@ class TaskMachine(RuleBasedStateMachine):
         """The worker's compare-and-set for a (possibly stale or duplicate) message."""
         expected = self.would_start(message)
         key = {"job_id": message.job_id, "action_time": message.action_time}
-        task = running.start(key, message.attempt)
+        task = attempt.start(key, message.attempt)
         assert (task is not None) is expected, (message, self.model[message.job_id])
         SEEN["start" if expected else "start: stale message dropped"] += 1
         if not expected:

@@ -20,7 +20,7 @@ from timeouts.errors import TimeoutsError
 from timeouts.models import TimeoutTask
 from timeouts.storage import partitions
 from timeouts.store.recovery import recover_expired
-from timeouts.worker import running
+from timeouts.worker import attempt, running
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 Status = TimeoutTask.Status
@@ -250,7 +250,7 @@ def test_the_last_failed_attempt_fails_the_task():
 def test_an_attempt_whose_lease_ran_out_shows_as_lease_expired():
     result = tasks.record.enqueue("lost")
     [claim] = claim_due(100)
-    running.start({"job_id": claim.job_id, "action_time": claim.action_time}, claim.attempt)  # then the worker dies
+    attempt.start({"job_id": claim.job_id, "action_time": claim.action_time}, claim.attempt)  # then the worker dies
     assert tasks.record.get_result(result.id).status == TaskResultStatus.RUNNING
     with connection.cursor() as cursor:
         cursor.execute("UPDATE timeouts_task SET lease_until = clock_timestamp() WHERE job_id = %s", [claim.job_id])

@@ -230,15 +230,13 @@ class _Starter:
 
 
 def _give_back(fences):
-    from timeouts.conf import notify_params
-    from timeouts.store import worker_connection
-    from timeouts.store.queries import fetch_dicts
+    from timeouts.store import attempts, worker_connection
 
     calls = [(fence.shard, fence.job_id, fence.action_time, fence.attempt) for fence in fences]
     for shard, params in params_by_shard(calls).items():
         try:
             with worker_connection.used(shard):
-                fetch_dicts("give_back_call_starts", {**params, **notify_params()})
+                attempts.give_back_call_starts(params)
         except Exception:
             logger.exception("timeouts: could not give back %d calls started ahead; they run again "
                              "once their leases run out", len(params["job_ids"]))
@@ -248,12 +246,12 @@ def _record(fence):
     """The compare-and-set start of one call, or None (refused, or the database failed)."""
     from timeouts.store import worker_connection
     from timeouts.store.queries import is_partition_name
-    from timeouts.worker import running
+    from timeouts.worker import attempt
 
     partition = fence.partition if is_partition_name(fence.partition) else None
     try:
         with worker_connection.used(fence.shard):
-            row = running.start_ahead(fence.key, fence.attempt, partition, START_AHEAD)
+            row = attempt.start_ahead(fence.key, fence.attempt, partition, START_AHEAD)
             answered = time.monotonic()
     except Exception:
         logger.exception("timeouts: could not start job %s ahead; its pool process starts it", fence.job_id)

@@ -23,7 +23,7 @@ from django.db import DEFAULT_DB_ALIAS
 
 from timeouts.dispatch.claiming import release
 from timeouts.protocol import BUDGET, from_batch_item
-from timeouts.worker import running
+from timeouts.worker import attempt, running
 
 logger = logging.getLogger(__name__)
 
@@ -99,4 +99,4 @@ def _wait(seconds: float):
     """Sleep until a task's run_at by the local clock (the message's ETA was a few milliseconds
     before the batch's first task: protocol.ETA_HEADROOM). The compare-and-set still decides by
     the database clock, and waits out any difference itself."""
-    time.sleep(min(seconds, running.MAX_EARLY_WAIT))
+    time.sleep(min(seconds, attempt.MAX_EARLY_WAIT))
