@@ -8,8 +8,9 @@ from datetime import UTC, datetime
 from celery import shared_task
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 
+from timeouts import protocol
 from timeouts.dispatch import scan as scanning
-from timeouts.dispatch.publishing import BACKLOG_AFTER, RUN, RUN_BATCH
+from timeouts.protocol import BACKLOG_AFTER, RUN, RUN_BATCH
 from timeouts.storage import partitions, shards
 from timeouts.store import recovery, worker_connection
 from timeouts.worker import batches, priority, running
@@ -54,7 +55,7 @@ def scan():
 @shared_task(name=RUN, bind=True, ignore_result=True, acks_late=True, reject_on_worker_lost=True)
 def run(self, job_id, action_time, attempt, partition, shard=DEFAULT_DB_ALIAS):
     with _for_the_message(self.request, shard):
-        return running.run(job_id, action_time, attempt, partition)
+        return running.run(protocol.from_run(job_id, action_time, attempt, partition, shard))
 
 
 # Tasks due together, in one message (RUN_BATCH_SIZE): each still runs as `run` above would. A
@@ -68,11 +69,10 @@ def run_batch(self, items, shard=DEFAULT_DB_ALIAS):
 
 
 def _in_backlog(request, items) -> bool:
-    """A backlog's batch: published without an ETA, its first task due for longer than BACKLOG_AFTER
-    (items: [job_id, action_time, attempt, run_at, partition])."""
+    """A backlog's batch: published without an ETA, its first task due for longer than BACKLOG_AFTER."""
     if request.eta is not None:
         return False
-    return datetime.now(UTC) - datetime.fromisoformat(items[0][3]) > BACKLOG_AFTER
+    return datetime.now(UTC) - protocol.from_batch_item(items[0]).run_at > BACKLOG_AFTER
 
 
 @shared_task(name="timeouts.maintain", ignore_result=True)

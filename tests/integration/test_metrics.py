@@ -47,7 +47,7 @@ def due(biz_type="test.record", biz_id=1):
 
 def run_claims():
     for claim in claim_due(100):
-        running.run(*claim.message_args())
+        running.run(claim.fence)
 
 
 def scrape(client):

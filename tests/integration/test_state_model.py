@@ -3,7 +3,7 @@ a pure Python model of statuses and attempts (the model is the spec: the documen
 
 Moves: schedule (with on_conflict), cancel (a fresh or a stale instance, and by key), reschedule (to the
 past, now, an hour, days and years ahead: across partitions and into DEFAULT), requeue, claim_due (with a
-lead), the worker's compare-and-set and its finish/fail (running.start, the finish_task/fail_task SQL),
+lead), the worker's compare-and-set and its finish/fail (attempt.start, the finish_task/fail_task SQL),
 a whole running.run of a message (also stale and duplicate ones), and lease expiry + recover_expired().
 After every step the table must equal the model, and the invariants below must hold.
 
@@ -34,10 +34,11 @@ from timeouts import TaskConflict
 from timeouts.conf import get_settings, notify_params
 from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
+from timeouts.protocol import Fence
 from timeouts.registry import get_handler
 from timeouts.store.queries import fetch_one
 from timeouts.store.recovery import recover_expired
-from timeouts.worker import running
+from timeouts.worker import attempt, running
 
 Status = TimeoutTask.Status
 PENDING, DISPATCHED, DONE, CANCELLED, RUNNING, DEAD = (
@@ -241,7 +242,7 @@ class TaskMachine(RuleBasedStateMachine):
         """The worker's compare-and-set for a (possibly stale or duplicate) message."""
         expected = self.would_start(message)
         key = {"job_id": message.job_id, "action_time": message.action_time}
-        task = running.start(key, message.attempt)
+        task = attempt.start(key, message.attempt)
         assert (task is not None) is expected, (message, self.model[message.job_id])
         SEEN["start" if expected else "start: stale message dropped"] += 1
         if not expected:
@@ -289,7 +290,7 @@ class TaskMachine(RuleBasedStateMachine):
         expected = self.would_start(message)
         if expected and task.key[0] == "test.fail" and message.attempt < task.max_attempts:
             return  # a retry's backoff would make the task due only in 1-2 s: not modelled here
-        outcome = running.run(message.job_id, message.action_time.isoformat(), message.attempt)
+        outcome = running.run(Fence(message.job_id, message.action_time, message.attempt))
         SEEN[f"run: {outcome}"] += 1
         if not expected:
             assert outcome == "dropped"

@@ -75,7 +75,7 @@ def _execute(sql, params):
 
 
 def record_run(task_id, fence):
-    job_id, _action_time, attempt, *_ = fence  # then the partition and the shard
+    job_id, attempt = fence.job_id, fence.attempt
     _execute("INSERT INTO oracle_call_run (token, task_id, job_id, attempt, pid) VALUES (%s, %s, %s, %s, %s) "
              "ON CONFLICT (token) DO NOTHING", (str(uuid.uuid4()), task_id, job_id, attempt, os.getpid()))
 
@@ -85,11 +85,11 @@ def define_task():
     from celery import shared_task
 
     from timeouts.celery import DurableTask
-    from timeouts.durable.calls import FENCE_HEADER
+    from timeouts.protocol import FENCE_HEADER, from_header
 
     @shared_task(base=DurableTask, bind=True, name=TASK_NAME, ttr=TTR)
     def durable(self, n):
-        record_run(self.request.id, (self.request.headers or {})[FENCE_HEADER])
+        record_run(self.request.id, from_header((self.request.headers or {})[FENCE_HEADER]))
         return n
 
     return durable

@@ -12,11 +12,11 @@ from datetime import datetime
 from django.db import DEFAULT_DB_ALIAS, Error
 from django.db.transaction import TransactionManagementError
 
-from timeouts import events, kinds
-from timeouts.conf import get_settings, notify_params
+from timeouts import events, kinds, protocol
+from timeouts.conf import get_settings
 from timeouts.storage import shards
 from timeouts.store import worker_connection
-from timeouts.store.queries import execute, fetch_dicts
+from timeouts.store.claims import claim_rows, release_rows
 from timeouts.store.serialization import retry_on_conflict
 from timeouts.testing import faults
 
@@ -39,19 +39,22 @@ class Claim:
         """Claimed ahead of time (the dispatcher's lead): the worker should start it at run_at."""
         return self.run_at if self.run_at > self.claimed_at else None
 
+    @property
+    def fence(self) -> protocol.Fence:
+        """What its message carries (protocol.py)."""
+        return protocol.Fence(self.job_id, self.action_time, self.attempt, self.partition, self.shard, self.run_at)
+
     def message_args(self):
-        """What `timeouts.run` receives: enough to address the row (its key, and the partition where
-        the worker's UPDATEs can go straight) and to fence stale messages."""
-        return [self.job_id, self.action_time.isoformat(), self.attempt, self.partition]
+        """What `timeouts.run` receives."""
+        return protocol.run_args(self.fence)
 
     def message_kwargs(self):
-        """The keyword arguments of its `timeouts.run` or `timeouts.run_batch` message: the shard
-        that holds the row, unless it is the default (a single database's messages name none)."""
-        return {} if self.shard == DEFAULT_DB_ALIAS else {"shard": self.shard}
+        """The keyword arguments of its `timeouts.run` or `timeouts.run_batch` message."""
+        return protocol.run_kwargs(self.fence)
 
     def batch_item(self):
-        """One task of a `timeouts.run_batch` message: run_at too, so the worker can wait for it."""
-        return [self.job_id, self.action_time.isoformat(), self.attempt, self.run_at.isoformat(), self.partition]
+        """One task of a `timeouts.run_batch` message."""
+        return protocol.batch_item(self.fence)
 
 
 # The most one claim takes, whatever it is asked for: the claim's plan is sized for it (see
@@ -72,7 +75,7 @@ def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
               **shards.position(shard)}
 
     def claim():
-        return fetch_dicts("claim_due", params)
+        return claim_rows(params)
 
     if faults.ARMED and faults.armed("claim.before_commit"):
         claim = _faulting_before_commit(claim)  # tests only: never a transaction when unarmed
@@ -120,6 +123,4 @@ def release(claims):
     for claim in claims:
         by_shard.setdefault(claim.shard, []).append(claim)
     for shard, shard_claims in by_shard.items():
-        params = {"job_ids": [c.job_id for c in shard_claims], "action_times": [c.action_time for c in shard_claims],
-                  **notify_params()}
-        execute("release_claims", params, using=worker_connection.for_shard(shard)).close()
+        release_rows(shard, [c.job_id for c in shard_claims], [c.action_time for c in shard_claims])

@@ -10,7 +10,6 @@ and the worker's compare-and-set still refuses to start a task early by the data
 
 import logging
 from contextlib import nullcontext
-from datetime import timedelta
 
 from celery import current_app
 from kombu.utils.uuid import uuid
@@ -19,18 +18,12 @@ from timeouts import kinds
 from timeouts.conf import get_settings
 from timeouts.dispatch.brokers import is_amqp, is_redis
 from timeouts.dispatch.claiming import release
+from timeouts.protocol import BACKLOG_AFTER, BUDGET, ETA_HEADROOM, RETRY_POLICY, RUN, RUN_BATCH
 from timeouts.registry import find_handler
 from timeouts.testing import faults
-from timeouts.worker.batches import BUDGET
 
 logger = logging.getLogger(__name__)
 
-# The Celery tasks that run claims, addressed by name: the worker side (tasks.py) defines them.
-RUN = "timeouts.run"
-RUN_BATCH = "timeouts.run_batch"
-
-# Bounded: a scan must not hang on a broker that is down; unpublished claims are released instead.
-RETRY_POLICY = {"max_retries": 2, "interval_start": 0.1, "interval_step": 0.2, "interval_max": 0.5}
 # Broker operations per round trip: kombu 5.7+ pipelines a producer's Redis publishes in batches.
 PIPELINE_SIZE = 500
 # Seconds. Tasks already due may share a message freely; a task due later shares one only with
@@ -46,18 +39,6 @@ BATCH_WINDOW = 0.01
 # its ETA to its first task, and more messages keep more of them waiting (docs:
 # explanation/benchmarks).
 BESIDE_BACKLOG_WINDOW = 0.002
-# How much before its first task's run_at a message claimed ahead is due by its Celery ETA. Celery's
-# ETA timer (in the worker's main process) hands a message to a pool process a few milliseconds
-# after its ETA; the headroom covers that delay, and the batch then sleeps until each run_at itself,
-# to within a sleep's precision (docs: explanation/benchmarks). Never early: the compare-and-set
-# refuses a start before run_at by the database clock.
-ETA_HEADROOM = timedelta(milliseconds=4)
-# A claim whose task was due longer ago than this when claimed is part of a backlog. Up to
-# MAX_DISPATCHED tasks' worth of a backlog's messages wait in the broker for the workers, which
-# take them in order: a task of another biz_type that falls due meanwhile, claimed on time, would
-# wait behind all of them. So a backlog's messages go at a lower priority than those claimed on time, and pass
-# nobody that is on time (docs: howto/isolation).
-BACKLOG_AFTER = timedelta(seconds=1)
 
 
 def publish(claims) -> int:

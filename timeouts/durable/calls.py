@@ -4,9 +4,8 @@
 A call is one row: biz_type `celery:<task name>` (see `biz_type_for`), biz_id the Celery task_id,
 attribute the call as JSON (`store`). When the row is claimed, `publish_calls` sends the
 Celery task's own message, with what Celery would have put in it, plus the row's fence in the
-`timeouts` header (`[job_id, action_time, attempt, partition, shard]`: the arguments of a
-`timeouts.run` message and its shard): the worker's DurableTask starts only the message that owns
-the row's current attempt.
+FENCE_HEADER header (protocol.py): the worker's DurableTask starts only the message that owns the
+row's current attempt.
 
 Nothing here imports the worker side: tasks are addressed by name.
 """
@@ -31,6 +30,7 @@ from kombu.utils.uuid import uuid
 from timeouts import events, kinds, validation
 from timeouts.conf import get_settings
 from timeouts.errors import InvalidAttribute
+from timeouts.protocol import FENCE_HEADER, header
 from timeouts.registry import BIZ_TYPE_RE
 from timeouts.states import Status
 from timeouts.storage import shards
@@ -41,8 +41,6 @@ logger = logging.getLogger(__name__)
 
 # The biz_types of stored calls (biz_type_for): this kind's (KIND, below), no handler's.
 PREFIX = "celery:"
-# The header of a published call that carries its row's fence.
-FENCE_HEADER = "timeouts"
 # The attribute's format, so that a later version can read the calls an older one stored.
 FORMAT = 1
 
@@ -193,7 +191,7 @@ def publish_calls(app, claims, producer, retry_policy, eta_headroom):
     made). A fault of the database, the broker or the network met on the way is raised, as a
     broker error is: the caller gives the claims back (publishing.py), and the call is published
     at a later claim. A claim ahead of time goes with a Celery ETA `eta_headroom` before its run_at
-    (publishing.ETA_HEADROOM)."""
+    (protocol.ETA_HEADROOM)."""
     for claim in claims:
         try:
             call = _readable(claim)
@@ -256,7 +254,7 @@ def _message(app, claim, call, eta_headroom):
     amqp = app.amqp
     name, args, kwargs = call["task"], call["args"], call["kwargs"]
     options = dict(call["options"])
-    options["headers"] = {**call["headers"], FENCE_HEADER: [*claim.message_args(), claim.shard]}
+    options["headers"] = {**call["headers"], FENCE_HEADER: header(claim.fence)}
     message_options = dict(call["message"])
     for stamp, value in (message_options.pop("stamps", None) or {}).items():
         options[stamp] = value

@@ -45,14 +45,14 @@ import os
 import threading
 import time
 from collections import deque
-from datetime import datetime
 
 from celery import bootsteps
 from celery.signals import worker_init
 from celery.worker import state as worker_state
 from celery.worker.request import Request
 
-from timeouts.durable.calls import FENCE_HEADER, params_by_shard
+from timeouts.durable.calls import params_by_shard
+from timeouts.protocol import FENCE_HEADER, from_header, header
 from timeouts.worker import leases
 
 logger = logging.getLogger(__name__)
@@ -61,8 +61,6 @@ logger = logging.getLogger(__name__)
 # up to its lead ahead (DISPATCH_LEAD; more with --lead): a message received earlier than this
 # is started by its pool process.
 START_AHEAD = 1.0  # seconds
-# [job_id, action_time, attempt, partition, shard]: a start recorded ahead is added as the sixth.
-FENCE_LENGTH = 5
 # How long the timer waits for a start the thread has begun: one statement's answer.
 ANSWER_TIMEOUT = 5.0  # seconds
 
@@ -73,9 +71,14 @@ class StartingRequest(Request):
     def __init__(self, message, **kwargs):
         super().__init__(message, **kwargs)
         self._ahead = None
-        fence = self._request_dict.get(FENCE_HEADER)
-        if fence and len(fence) == FENCE_LENGTH and self._eta is not None and self._eta.timestamp() > time.time():
-            self._ahead = _starter.submit(fence)
+        fields = self._request_dict.get(FENCE_HEADER)
+        if fields and self._eta is not None and self._eta.timestamp() > time.time():
+            try:
+                fence = from_header(fields)
+            except (TypeError, ValueError):  # not a fence: the pool process's DurableTask says so
+                return
+            if fence.started is None:
+                self._ahead = _starter.submit(fence)
 
     def __init_subclass__(cls, **kwargs):
         # The worker runs requests through a subclass made per task (celery.worker.request's
@@ -97,7 +100,7 @@ class StartingRequest(Request):
         ahead, self._ahead = self._ahead, None
         started = ahead and ahead.take(self._waits_for_a_process)
         if started is not None:
-            self._request_dict[FENCE_HEADER] = [*self._request_dict[FENCE_HEADER], started]
+            self._request_dict[FENCE_HEADER] = header(ahead.fence.with_started(started))
 
     def _waits_for_a_process(self) -> bool:
         """Handed to the pool, and neither taken by a pool process (accepted), nor ended, nor
@@ -135,9 +138,8 @@ class _Start:
             if kept:
                 self.started, self.state = started, "answered"
                 if started is not None:
-                    job_id, action_time, attempt, _, shard = self.fence
-                    key = {"job_id": job_id, "action_time": datetime.fromisoformat(action_time)}
-                    self.lease = leases.heartbeat.add(shard, key, attempt, started["row"]["ttr"])
+                    fence = self.fence
+                    self.lease = leases.heartbeat.add(fence.shard, fence.key, fence.attempt, started["row"]["ttr"])
         self.answered.set()
         return kept
 
@@ -164,7 +166,7 @@ class _Start:
                 self.state = "abandoned"
                 return None
         if not self.answered.wait(ANSWER_TIMEOUT):
-            logger.warning("timeouts: no answer in %s s to the start of job %s", ANSWER_TIMEOUT, self.fence[0])
+            logger.warning("timeouts: no answer in %s s to the start of job %s", ANSWER_TIMEOUT, self.fence.job_id)
         with self.lock:
             if self.state == "answered" and self.started is not None:
                 self.state = "handed over"
@@ -228,15 +230,13 @@ class _Starter:
 
 
 def _give_back(fences):
-    from timeouts.conf import notify_params
-    from timeouts.store import worker_connection
-    from timeouts.store.queries import fetch_dicts
+    from timeouts.store import attempts, worker_connection
 
-    calls = [(shard, job_id, action_time, attempt) for job_id, action_time, attempt, _, shard in fences]
+    calls = [(fence.shard, fence.job_id, fence.action_time, fence.attempt) for fence in fences]
     for shard, params in params_by_shard(calls).items():
         try:
             with worker_connection.used(shard):
-                fetch_dicts("give_back_call_starts", {**params, **notify_params()})
+                attempts.give_back_call_starts(params)
         except Exception:
             logger.exception("timeouts: could not give back %d calls started ahead; they run again "
                              "once their leases run out", len(params["job_ids"]))
@@ -246,22 +246,20 @@ def _record(fence):
     """The compare-and-set start of one call, or None (refused, or the database failed)."""
     from timeouts.store import worker_connection
     from timeouts.store.queries import is_partition_name
-    from timeouts.worker import running
+    from timeouts.worker import attempt
 
-    job_id, action_time, attempt, partition, shard = fence
-    key = {"job_id": job_id, "action_time": datetime.fromisoformat(action_time)}
+    partition = fence.partition if is_partition_name(fence.partition) else None
     try:
-        with worker_connection.used(shard):
-            row = running.start_ahead(key, attempt, partition if is_partition_name(partition) else None,
-                                      START_AHEAD)
+        with worker_connection.used(fence.shard):
+            row = attempt.start_ahead(fence.key, fence.attempt, partition, START_AHEAD)
             answered = time.monotonic()
     except Exception:
-        logger.exception("timeouts: could not start job %s ahead; its pool process starts it", job_id)
+        logger.exception("timeouts: could not start job %s ahead; its pool process starts it", fence.job_id)
         return None
     if row is None:
         return None
     row["attribute"] = None  # the call itself travels in the message
-    offset = _database_clock.offset(shard, row.pop("database_now").timestamp() - answered)
+    offset = _database_clock.offset(fence.shard, row.pop("database_now").timestamp() - answered)
     return {"row": row, "not_before": row["run_at"].timestamp() - offset}
 
 

@@ -24,20 +24,16 @@ instead of a broker or a worker's memory (importable as `timeouts.celery.Durable
 """
 
 import logging
-import time
-import traceback
-from datetime import datetime, timedelta
-from functools import partial
+from datetime import timedelta
 
 from celery import Task
-from celery.exceptions import Ignore, Reject, Retry, TimeLimitExceeded
+from celery.exceptions import TimeLimitExceeded
 from celery.utils.time import maybe_make_aware
 from dateutil.parser import isoparse
-from django.db import DEFAULT_DB_ALIAS
 
 from timeouts import kinds
 from timeouts.durable import calls as celery_calls
-from timeouts.durable.calls import FENCE_HEADER
+from timeouts.protocol import FENCE_HEADER, from_header
 from timeouts.storage import shards
 
 logger = logging.getLogger(__name__)
@@ -107,10 +103,10 @@ class DurableTask(Task):
 
     def __call__(self, *args, **kwargs):
         request = self.request
-        fence = None if request.called_directly else (request.headers or {}).get(FENCE_HEADER)
-        if not fence:
+        fields = None if request.called_directly else (request.headers or {}).get(FENCE_HEADER)
+        if not fields:
             return super().__call__(*args, **kwargs)
-        return _run_fenced(self, fence, super().__call__, args, kwargs)
+        return _run_fenced(self, from_header(fields), super().__call__, args, kwargs)
 
     def on_failure(self, exc, task_id, args, kwargs, einfo):
         """Celery's worker calls this in its main process when it killed a task at its hard time
@@ -134,110 +130,13 @@ def _not_yet_due(app, eta, countdown):
 
 
 def _run_fenced(task, fence, body, args, kwargs):
-    """The worker's side: the compare-and-set start, the body, the outcome."""
-    from timeouts import events
-    from timeouts.dispatch.publishing import ETA_HEADROOM
-    from timeouts.models import TimeoutTask
-    from timeouts.store import worker_connection
-    from timeouts.store.queries import is_partition_name
-    from timeouts.worker import leases, running
+    """The worker's side: the compare-and-set start, the body, the outcome (durable/attempt.py)."""
+    from timeouts.durable import attempt
 
-    job_id, action_time, attempt, partition, *rest = fence
-    shard = rest[0] if rest else DEFAULT_DB_ALIAS  # a four-field fence names no shard: the default
-    started_ahead = rest[1] if len(rest) > 1 else None  # by the worker's main process: call_starts.py
-    key = {"job_id": job_id, "action_time": datetime.fromisoformat(action_time)}
-    partition = partition if is_partition_name(partition) else None
-    with worker_connection.used(shard):
-        if started_ahead is not None:
-            # The start may be long past: the call may have waited for a pool process. It runs only
-            # if the start still holds, which the statement checks while the call waits for its eta.
-            row = TimeoutTask._from_row(started_ahead["row"], using=shard)
-            if not running.confirm_start(key, attempt, partition):
-                logger.warning("timeouts: dropped %s[%s] (job %s attempt %s): its start, recorded ahead, no "
-                               "longer holds (its lease ran out while it waited for a process)",
-                               task.name, task.request.id, job_id, attempt)
-                raise Ignore()
-        else:
-            # Not started ahead (received late, or the main process's start did not answer in
-            # time): a call claimed ahead still reaches its pool process ETA_HEADROOM before its
-            # eta, its start is recorded then, and start() returns at the eta by the database clock.
-            row = running.start(key, attempt, 0.0, partition, ahead=ETA_HEADROOM.total_seconds())
-            if row is None:
-                logger.info("timeouts: dropped a stale message of %s[%s] (job %s attempt %s)",
-                            task.name, task.request.id, job_id, attempt)
-                raise Ignore()
-    lease = leases.heartbeat.add(shard, key, attempt, row.ttr)
-    end = partial(_end, row, shard, key, attempt, partition, lease=lease)
-    try:
-        if started_ahead is not None:
-            _wait_until(started_ahead["not_before"], row)
-        events.started(row, attempt)
-        result = body(*args, **kwargs)
-    except Retry as exc:
-        end(row.Status.DONE, f"retried: {exc}")
-        raise
-    except Ignore:  # the task asked Celery to record nothing (Task.replace() does so too)
-        end(row.Status.DONE, "")
-        raise
-    except Reject as exc:
-        # Rejected, also when a retry could not be sent: the call did not complete. A message
-        # Celery requeues would find its row ended, so the row is left for an operator to requeue.
-        end(row.Status.DEAD, f"rejected: {exc.reason!r}")
-        raise
-    except BaseException as exc:
-        if not running.stops_the_worker(exc):  # a sys.exit() of the task's own is its failure too
-            end(row.Status.DEAD, traceback.format_exc())
-        raise
-    else:
-        end(row.Status.DONE, "")
-        return result
-    finally:  # also when the worker is shutting down (SystemExit): its lease then runs out
-        leases.heartbeat.remove(lease)
-
-
-def _wait_until(not_before, row):
-    """Until the call's run_at by the database clock (`not_before`, in time.monotonic()), then its
-    started_at: its start was recorded as at run_at, but the body starts now, later if it waited for a
-    process. That is its lateness, and its started_at once its outcome is recorded."""
-    wait = not_before - time.monotonic()
-    if wait > 0:
-        time.sleep(wait)
-    row.started_at = row.run_at + timedelta(seconds=max(0.0, time.monotonic() - not_before))
+    return attempt.run(task, fence, body, args, kwargs)
 
 
 def _end_timed_out(task_id, exc):
-    from timeouts import events
-    from timeouts.store import worker_connection
-    from timeouts.store.queries import fetch_dicts
+    from timeouts.durable import attempt
 
-    try:
-        with worker_connection.used(shards.hashed(task_id).alias):  # where celery_calls.store() put it
-            rows = fetch_dicts("end_timed_out_call", {"task_id": task_id, "prefix": celery_calls.PREFIX,
-                                                        "error": f"killed: {exc!r}"})
-    except Exception:
-        logger.exception("timeouts: could not record that call %s was killed at its time limit", task_id)
-        return
-    for row in rows:
-        events.emit("dead", row["biz_type"])
-
-
-def _end(row, shard, key, attempt, partition, status, error, lease=None):
-    """Record the outcome; a failure to record it is logged, not raised: the task's own outcome
-    stands, and the row's lease runs out (the call runs again: at least once)."""
-    from timeouts import events
-    from timeouts.store import worker_connection
-    from timeouts.worker import leases, running
-
-    leases.heartbeat.remove(lease)
-    params = {**key, "attempt": attempt, "status": int(status), "error": running.error_text(error),
-              "started_at": row.started_at}
-    try:
-        with worker_connection.used(shard):
-            matched = running.record_outcome("end_call", params, partition)
-    except Exception:
-        logger.exception("timeouts: could not record the outcome of %s", row)
-        return
-    if matched is None:
-        logger.warning("timeouts: %s finished after its lease expired", row)
-        return
-    events.ran(row, "done" if status == row.Status.DONE else "dead")
+    attempt.end_timed_out(task_id, shards.hashed(task_id).alias, exc)  # where celery_calls.store() put it

@@ -1,16 +1,31 @@
-"""A claim that its publisher ends rather than publishes: a stored Celery call whose `expires` has
-passed (CANCELLED), or whose message cannot be made (DEAD). Fenced by the claim (DISPATCHED), so a
-claim that lease recovery gave back meanwhile is left as it is."""
+"""Claims: the statement that takes due tasks (PENDING -> DISPATCHED, with a lease), the one that
+gives unpublished claims back, and the end of a claim that its publisher ends rather than publishes."""
 
+from timeouts.conf import notify_params
 from timeouts.states import Status
 from timeouts.store import worker_connection
-from timeouts.store.queries import fetch_dicts
+from timeouts.store.queries import execute, fetch_dicts
 from timeouts.store.serialization import retry_on_conflict
 
 
+def claim_rows(params: dict) -> list[dict]:
+    """Claim due tasks on the calling thread's own connection (claim_due's parameters: the limit,
+    the lead, the shard's position, ...); returns the rows it made DISPATCHED."""
+    return fetch_dicts("claim_due", params)
+
+
+def release_rows(shard: str, job_ids: list, action_times: list):
+    """Give claims whose messages were not published back to PENDING at once, with a NOTIFY, on
+    their shard."""
+    params = {"job_ids": job_ids, "action_times": action_times, **notify_params()}
+    execute("release_claims", params, using=worker_connection.for_shard(shard)).close()
+
+
 def end_claim(shard: str, job_id: int, action_time, status: Status, error: str) -> bool:
-    """End the claimed row on its shard, from whichever thread publishes it; True if it was still
-    claimed."""
+    """End a claim instead of publishing it: a stored Celery call whose `expires` has passed
+    (CANCELLED), or whose message cannot be made (DEAD). Fenced by the claim (DISPATCHED), so a claim
+    that lease recovery gave back meanwhile is left as it is. Runs on the row's shard, from
+    whichever thread publishes it; True if it was still claimed."""
     params = {"job_id": job_id, "action_time": action_time, "status": int(status), "error": error}
     db = worker_connection.for_shard(shard)
     return bool(retry_on_conflict(lambda: fetch_dicts("end_claim", params, using=db), using=shard))

@@ -20,7 +20,7 @@ Django's own. Two options differ:
 - `pool`: never. One long-lived connection per thread needs no pool, and a pool's connections are
   made with the pool's own options.
 
-A broken connection is replaced by the statement that finds it broken (running.py tries once more
+A broken connection is replaced by the statement that finds it broken (store/attempts.py tries once more
 on a new one), so no health check is paid before each message. Eager tasks (`task_always_eager`)
 and tasks called as functions run inside the caller's process, maybe inside its transaction: they
 keep Django's connection.

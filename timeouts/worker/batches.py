@@ -7,7 +7,7 @@ a statement per task: a handler's DONE is written in one statement with the next
 (`running.run_leaving_done`), or alone if the batch ends or has to wait long for its next task.
 
 A batch must not hold its later tasks hostage behind a slow handler: once it has run for
-`BUDGET` seconds, it gives the tasks it has not started back (PENDING, with a NOTIFY), and a
+`BUDGET` (protocol.py) seconds, it gives the tasks it has not started back (PENDING, with a NOTIFY), and a
 dispatcher hands them to whichever worker is free; so does a batch that fails part way. A
 backlog's batch that a task claimed on time waits for passes its unstarted tasks on, still
 claimed, in a message of their own (on_time_first.py). Its tasks share one TTR, and Celery's time
@@ -17,35 +17,28 @@ so every handler gets its whole TTR, and none outlives its lease.
 
 import logging
 import time
-from collections import Counter, namedtuple
-from datetime import datetime
+from collections import Counter
 
 from django.db import DEFAULT_DB_ALIAS
 
 from timeouts.dispatch.claiming import release
-from timeouts.worker import running
+from timeouts.protocol import BUDGET, from_batch_item
+from timeouts.worker import attempt, running
 
 logger = logging.getLogger(__name__)
 
-BUDGET = 1.0  # seconds a batch may run before it hands its unstarted tasks back
 # Seconds a batch may wait for its next task with the last handler's DONE unwritten. A shorter wait
 # cannot hide a statement of its own on a loaded server: written alone, that DONE would make the
 # next task late by a statement. A longer one writes it first, not to leave the task RUNNING (and
 # counted against its biz_type's concurrency) while the worker waits.
 DONE_WAITS_UP_TO = 0.005
 
-# partition: where the claim found the row, for the worker's UPDATEs to go straight there; shard:
-# the database that holds it (the message's), where a task given back goes.
-Item = namedtuple("Item", "job_id action_time attempt run_at partition shard")
-
 
 def run_batch(items, give_way=None, shard=DEFAULT_DB_ALIAS) -> str:
     """Run the batch's tasks (of `shard`) in order; returns a summary of the outcomes. `give_way`, a
     backlog's batch's (on_time_first.GiveWay), is asked between two tasks whether a task claimed on
     time waits for this process: the batch then passes the rest on, and ends."""
-    # action_time stays the message's text: run() takes it so, and release() casts it in SQL.
-    as_sent, items = items, [Item(job_id, action_time, attempt, datetime.fromisoformat(run_at), partition, shard)
-                             for job_id, action_time, attempt, run_at, partition in items]
+    as_sent, items = items, [from_batch_item(item, shard) for item in items]
     began = time.monotonic()
     outcomes = Counter()
     done = None  # the last handler's DONE, which the next start writes (running.Done)
@@ -66,8 +59,7 @@ def run_batch(items, give_way=None, shard=DEFAULT_DB_ALIAS) -> str:
         # is left of the budget lasts exactly as long, so no handler runs on after its lease.
         lease_extra = max(0.0, BUDGET - (time.monotonic() - began))
         try:
-            previous_outcome, outcome, done = running.run_leaving_done(
-                item.job_id, item.action_time, item.attempt, item.partition, lease_extra, previous=done)
+            previous_outcome, outcome, done = running.run_leaving_done(item, lease_extra, previous=done)
         except Exception:
             # The message fails and is acknowledged: without this, the tasks from this one on
             # (if it did not start) would wait out their claim's lease.
@@ -105,6 +97,6 @@ def _give_back(rest, why) -> int:
 
 def _wait(seconds: float):
     """Sleep until a task's run_at by the local clock (the message's ETA was a few milliseconds
-    before the batch's first task: publishing.ETA_HEADROOM). The compare-and-set still decides by
+    before the batch's first task: protocol.ETA_HEADROOM). The compare-and-set still decides by
     the database clock, and waits out any difference itself."""
-    time.sleep(min(seconds, running.MAX_EARLY_WAIT))
+    time.sleep(min(seconds, attempt.MAX_EARLY_WAIT))

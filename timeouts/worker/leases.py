@@ -4,9 +4,9 @@ A started task holds its row for a lease: when the lease runs out, lease recover
 for lost and it runs again. Some work outlives the lease it started with, and must not be taken
 for lost while its process lives:
 
-- a `DurableTask` call, whose lease is its hard time limit or its `ttr` (durable.py);
+- a `DurableTask` call, whose lease is its hard time limit or its `ttr` (durable/attempt.py);
 - a call the worker's main process started ahead of its eta, while it waits for a pool process
-  (call_starts.py);
+  (durable/starts.py);
 - a handler in a pool that cannot stop it at its hard time limit (threads, solo, gevent, eventlet:
   `pool_stops_handlers()`). Prefork kills a pool process at its task's hard time limit, which is
   the TTR of a `timeouts.run` message: there the lease is the TTR, and a slow handler is stopped
@@ -110,14 +110,13 @@ class Heartbeat:
     @staticmethod
     def _extend(leases):
         from timeouts.durable.calls import params_by_shard
-        from timeouts.store import worker_connection
-        from timeouts.store.queries import fetch_dicts
+        from timeouts.store import attempts, worker_connection
 
         started = {(lease.shard, lease.job_id, lease.action_time, lease.attempt) for lease in leases}
         for shard, params in params_by_shard(started).items():
             try:
                 with worker_connection.used(shard):
-                    fetch_dicts("extend_leases", params)
+                    attempts.extend_leases(params)
             except Exception:
                 logger.exception("timeouts: could not extend the leases of %d started tasks", len(params["job_ids"]))
                 worker_connection.close()

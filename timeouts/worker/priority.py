@@ -43,8 +43,9 @@ from collections import deque
 from celery import bootsteps
 from celery.signals import task_received, worker_init
 
-from timeouts.dispatch.publishing import RETRY_POLICY, RUN, RUN_BATCH, args_repr
+from timeouts.dispatch.publishing import args_repr
 from timeouts.durable.starts import StartingRequest
+from timeouts.protocol import RETRY_POLICY, RUN, RUN_BATCH
 from timeouts.worker import celery_internals
 
 # Seconds asks stand. A batch answers within one of its handlers; an older ask is for a request

@@ -20,7 +20,7 @@ from timeouts.errors import TimeoutsError
 from timeouts.models import TimeoutTask
 from timeouts.storage import partitions
 from timeouts.store.recovery import recover_expired
-from timeouts.worker import running
+from timeouts.worker import attempt, running
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 Status = TimeoutTask.Status
@@ -38,7 +38,7 @@ def tables(transactional_db):
 
 def run_due() -> list[str]:
     """What a worker does with the due tasks' messages; their outcomes."""
-    return [running.run(*claim.message_args()) for claim in claim_due(100)]
+    return [running.run(claim.fence) for claim in claim_due(100)]
 
 
 def make_due_now(result):
@@ -211,7 +211,7 @@ def test_an_eager_run_inside_a_transaction_leaves_it_usable():
     result = tasks.record.using(run_after=datetime.now(UTC) - timedelta(days=60)).enqueue("eager")
     [claim] = claim_due(100)
     with transaction.atomic():
-        assert running.run(*claim.message_args()) == "done"
+        assert running.run(claim.fence) == "done"
         assert tasks.record.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
 
 
@@ -250,7 +250,7 @@ def test_the_last_failed_attempt_fails_the_task():
 def test_an_attempt_whose_lease_ran_out_shows_as_lease_expired():
     result = tasks.record.enqueue("lost")
     [claim] = claim_due(100)
-    running.start({"job_id": claim.job_id, "action_time": claim.action_time}, claim.attempt)  # then the worker dies
+    attempt.start({"job_id": claim.job_id, "action_time": claim.action_time}, claim.attempt)  # then the worker dies
     assert tasks.record.get_result(result.id).status == TaskResultStatus.RUNNING
     with connection.cursor() as cursor:
         cursor.execute("UPDATE timeouts_task SET lease_until = clock_timestamp() WHERE job_id = %s", [claim.job_id])
@@ -381,7 +381,7 @@ def test_cancel_after_it_ran_or_while_claimed():
     claimed = tasks.record.enqueue("claimed")
     [claim] = claim_due(100)
     assert cancel(claimed.id) is True  # claimed, not started: the compare-and-set then matches nothing
-    assert running.run(*claim.message_args()) == "dropped"
+    assert running.run(claim.fence) == "dropped"
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM timeouts_test_django_task")
         assert cursor.fetchone()[0] == 0

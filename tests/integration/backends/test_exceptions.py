@@ -15,7 +15,7 @@ from django.db import DataError, connection
 from tests.integration.backends.test_backend import make_due_now, run_due
 from timeouts.backends.compat import TaskResultStatus, task_finished
 from timeouts.models import TimeoutTask
-from timeouts.worker.running import MAX_ERROR_LENGTH
+from timeouts.worker.attempt import MAX_ERROR_LENGTH
 
 try:
     from django.tasks import task

@@ -18,8 +18,9 @@ from tests.support.durable_routers import FailingFirst, routed_by
 from tests.testapp import tasks
 from timeouts import InvalidAttribute, TimeoutsError
 from timeouts.dispatch.scan import scan
-from timeouts.durable.calls import FENCE_HEADER, PREFIX
+from timeouts.durable.calls import PREFIX
 from timeouts.models import TimeoutTask
+from timeouts.protocol import FENCE_HEADER
 
 Status = TimeoutTask.Status
 pytestmark = pytest.mark.django_db(transaction=True)

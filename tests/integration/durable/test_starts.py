@@ -14,10 +14,11 @@ from tests.testapp import tasks
 from timeouts.durable.starts import _Start, _starter
 from timeouts.durable.task import _run_fenced
 from timeouts.models import TimeoutTask
+from timeouts.protocol import Fence, from_header
 from timeouts.store import worker_connection
 from timeouts.store.queries import fetch_one
 from timeouts.store.recovery import recover_expired
-from timeouts.worker import running
+from timeouts.worker import attempt
 
 Status = TimeoutTask.Status
 
@@ -49,8 +50,8 @@ def state(task):
 def test_confirm_start_holds_for_the_running_attempt_and_renews_its_lease(on_partition):
     task = make_task(Status.RUNNING, lease=timedelta(seconds=-5))  # run out, not recovered yet
     partition = partition_of(task) if on_partition else None
-    assert running.confirm_start(key_of(task), 2, partition) is False  # another attempt's
-    assert running.confirm_start(key_of(task), 1, partition) is True
+    assert attempt.confirm_start(key_of(task), 2, partition) is False  # another attempt's
+    assert attempt.confirm_start(key_of(task), 1, partition) is True
     assert task.ttr - 5 < lease_left(task) <= task.ttr
 
 
@@ -58,14 +59,14 @@ def test_confirm_start_holds_for_the_running_attempt_and_renews_its_lease(on_par
 def test_confirm_start_refuses_a_start_that_lease_recovery_took_back():
     task = make_task(Status.RUNNING, lease=timedelta(seconds=-5))
     assert recover_expired() == 1
-    assert running.confirm_start(key_of(task), 1, partition_of(task)) is False
+    assert attempt.confirm_start(key_of(task), 1, partition_of(task)) is False
     assert state(task) == (Status.PENDING, 1)  # untouched
 
 
 @pytest.mark.django_db
 def test_confirm_start_refuses_an_ended_start():
     task = make_task(Status.DONE)
-    assert running.confirm_start(key_of(task), 1) is False
+    assert attempt.confirm_start(key_of(task), 1) is False
 
 
 @pytest.mark.django_db(transaction=True)
@@ -79,7 +80,7 @@ def test_a_call_whose_start_ahead_no_longer_holds_is_dropped_before_its_body():
     ran = []
     try:
         with pytest.raises(Ignore):
-            _run_fenced(tasks.record, fence, lambda: ran.append(True), (), {})
+            _run_fenced(tasks.record, from_header(fence), lambda: ran.append(True), (), {})
     finally:
         worker_connection.close()
     assert ran == []
@@ -91,7 +92,7 @@ def test_a_call_whose_start_ahead_no_longer_holds_is_dropped_before_its_body():
 def held_start(task) -> _Start:
     """A start the worker's main process recorded ahead for `task` (RUNNING, attempt 1), for a
     message the worker holds, as _starter.submit() and its thread leave it."""
-    start = _Start([task.job_id, task.action_time.isoformat(), 1, partition_of(task), "default"])
+    start = _Start(Fence(task.job_id, task.action_time, 1, partition_of(task)))
     with _starter.lock:
         _starter.held.add(start)
     assert start.begin()

@@ -39,7 +39,7 @@ def run_due_tasks(n) -> str:
         TimeoutTask.objects.schedule("test.record", key, delay=-0.001)
     claims = claim_due(n)  # one claim; each start and DONE runs n times
     for claim in claims:
-        assert running.run(*claim.message_args()) == "done"
+        assert running.run(claim.fence) == "done"
     [partition] = {claim.partition for claim in claims}
     return partition
 

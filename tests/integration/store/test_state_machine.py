@@ -11,10 +11,11 @@ import timeouts
 from timeouts import registry
 from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
+from timeouts.protocol import Fence
 from timeouts.store import clock
 from timeouts.store.queries import fetch_one
 from timeouts.store.recovery import recover_expired
-from timeouts.worker import running
+from timeouts.worker import attempt, running
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
@@ -30,7 +31,7 @@ def claim_one():
 
 
 def run_message(claim):
-    return running.run(*claim.message_args())
+    return running.run(claim.fence)
 
 
 def reload(task):
@@ -73,7 +74,7 @@ def test_claims_come_in_due_order_and_in_batches():
 def test_stale_and_duplicate_messages_are_dropped(starts):
     task = due_task()
     claim = claim_one()
-    assert running.run(task.job_id, claim.action_time.isoformat(), 2) == "dropped"  # wrong attempt
+    assert running.run(Fence(task.job_id, claim.action_time, 2)) == "dropped"  # wrong attempt
     assert run_message(claim) == "done"
     assert run_message(claim) == "dropped"  # redelivered after it ran
     assert starts.count() == 1
@@ -144,9 +145,9 @@ def test_lease_recovery():
     started = due_task(biz_id="started")
     last_attempt = due_task("test.fail", biz_id="last")  # max_attempts=2
     claims = {c.job_id: c for c in claim_due(10)}
-    assert running.start({"job_id": started.job_id, "action_time": started.action_time}, 1) is not None
+    assert attempt.start({"job_id": started.job_id, "action_time": started.action_time}, 1) is not None
     sql("UPDATE timeouts_task SET attempts = 1 WHERE job_id = %s", [last_attempt.job_id])
-    assert running.start({"job_id": last_attempt.job_id, "action_time": last_attempt.action_time}, 2) is not None
+    assert attempt.start({"job_id": last_attempt.job_id, "action_time": last_attempt.action_time}, 2) is not None
     assert recover_expired() == 0  # leases still valid
     sql("UPDATE timeouts_task SET lease_until = clock_timestamp() - interval '1 second'")
     assert recover_expired() == 3
@@ -173,7 +174,7 @@ def test_a_start_recorded_ahead_returns_at_run_at_by_the_database_clock():
     task = TimeoutTask.objects.schedule("test.record", 1, delay=0.3)
     claim = claim_due(10, lead=1.0)[0]
     key = {"job_id": claim.job_id, "action_time": claim.action_time}
-    started = running.start(key, claim.attempt, ahead=2.0)  # recorded at once: run_at is under 0.3 s away
+    started = attempt.start(key, claim.attempt, ahead=2.0)  # recorded at once: run_at is under 0.3 s away
     assert started is not None and clock.database_now() >= started.run_at  # never before run_at
     row = reload(task)
     assert (row.status, row.started_at) == (Status.RUNNING, row.run_at)  # recorded as starting at run_at
@@ -184,7 +185,7 @@ def test_a_start_recorded_ahead_returns_at_run_at_by_the_database_clock():
 def test_a_start_is_not_recorded_further_ahead_than_allowed():
     task = TimeoutTask.objects.schedule("test.record", 1, delay=0.3)
     claim = claim_due(10, lead=1.0)[0]
-    started = running.start({"job_id": claim.job_id, "action_time": claim.action_time}, claim.attempt, ahead=0.05)
+    started = attempt.start({"job_id": claim.job_id, "action_time": claim.action_time}, claim.attempt, ahead=0.05)
     row = reload(task)
     # waited until run_at was within 50 ms, then recorded as starting at run_at
     assert started is not None and row.started_at == row.run_at

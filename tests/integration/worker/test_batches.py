@@ -18,7 +18,7 @@ from timeouts.dispatch.publishing import ETA_HEADROOM, publish
 from timeouts.models import TimeoutTask
 from timeouts.store import queries
 from timeouts.testing import faults
-from timeouts.worker import batches, running
+from timeouts.worker import attempt, batches, running
 from timeouts.worker import priority as on_time_first
 
 Status = TimeoutTask.Status
@@ -187,7 +187,7 @@ def test_the_merged_statement_leaves_the_rows_as_the_start_and_the_done_alone_do
     alone, merged = schedule_due("test.record", 2), schedule_due("test.record", 2, ago=4)
     claims = {claim.job_id: claim for claim in claim_due(10)}
     for task in alone:
-        assert running.run(*claims[task.job_id].message_args()) == "done"
+        assert running.run(claims[task.job_id].fence) == "done"
     assert batches.run_batch([claims[t.job_id].batch_item() for t in merged]) == "2 done"
     times = {"action_time", "run_at", "created_at", "modified_at", "dispatched_at", "started_at", "finished_at",
              "job_id", "biz_id"}
@@ -337,5 +337,5 @@ def test_a_start_in_a_batch_leases_the_task_until_the_batch_time_limit():
     """The TTR plus what is left of the batch's budget: as long as Celery lets the batch run."""
     [task] = schedule_due("test.record", 1)
     [claim] = claim_due(10)
-    started = running.start({"job_id": claim.job_id, "action_time": claim.action_time}, claim.attempt, 0.75)
+    started = attempt.start({"job_id": claim.job_id, "action_time": claim.action_time}, claim.attempt, 0.75)
     assert (started.lease_until - started.started_at).total_seconds() == pytest.approx(task.ttr + 0.75)

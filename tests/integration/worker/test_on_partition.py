@@ -11,11 +11,11 @@ from django.test.utils import CaptureQueriesContext
 
 from tests.testapp import tasks
 from timeouts.dispatch.claiming import claim_due
-from timeouts.durable import task as durable
 from timeouts.models import TimeoutTask
+from timeouts.protocol import from_batch_item, from_run
 from timeouts.storage import partition_ddl
-from timeouts.store import queries, worker_connection
-from timeouts.worker import running
+from timeouts.store import attempts, queries, worker_connection
+from timeouts.worker import attempt, running
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
@@ -46,9 +46,9 @@ def status_of(claim):
 def test_the_claim_names_the_partition_and_the_worker_updates_it_directly(starts):
     claim = claim_one()
     assert claim.partition == partition_of(claim.job_id) != "timeouts_task"
-    assert claim.message_args()[3] == claim.batch_item()[4] == claim.partition
+    assert from_run(*claim.message_args()).partition == from_batch_item(claim.batch_item()).partition == claim.partition
     with CaptureQueriesContext(connection) as captured:
-        assert running.run(*claim.message_args()) == "done"
+        assert running.run(claim.fence) == "done"
     assert updates_of(captured) == [claim.partition, claim.partition]  # the start, the DONE
     assert starts.count() == 1
 
@@ -60,8 +60,8 @@ def test_a_stored_celery_calls_outcome_goes_straight_to_its_partition():
     assert claim.partition == partition_of(claim.job_id) != "timeouts_task"
     key = {"job_id": claim.job_id, "action_time": claim.action_time}
     with worker_connection.shared(claim.shard), CaptureQueriesContext(connection) as captured:
-        row = running.start(key, claim.attempt, partition=claim.partition)
-        durable._end(row, claim.shard, key, claim.attempt, claim.partition, Status.DONE, "")
+        row = attempt.start(key, claim.attempt, partition=claim.partition)
+        assert attempts.end_call(key, claim.attempt, Status.DONE, "", row.started_at, claim.partition) is not None
     assert updates_of(captured) == [claim.partition, claim.partition]  # the start, the outcome
     assert status_of(claim) == Status.DONE
 
@@ -77,7 +77,7 @@ def test_a_stored_celery_calls_outcome_goes_straight_to_its_partition():
 def test_a_message_naming_no_usable_partition_runs_through_the_parent(starts, partition):
     claim = claim_one()
     with CaptureQueriesContext(connection) as captured:
-        assert running.run(claim.job_id, claim.action_time.isoformat(), claim.attempt, partition) == "done"
+        assert running.run(from_run(claim.job_id, claim.action_time.isoformat(), claim.attempt, partition)) == "done"
     # A name that could be a partition is tried first (and fails: there is no such table).
     tried = [partition] if partition == "timeouts_task_d19990101" else []
     assert updates_of(captured) == [*tried, "timeouts_task"] * 2
@@ -97,7 +97,7 @@ def test_a_row_moved_out_of_default_after_its_claim_is_found_through_the_parent(
     try:
         assert partition_of(claim.job_id) == name
         with CaptureQueriesContext(connection) as captured:
-            assert running.run(*claim.message_args()) == "done"
+            assert running.run(claim.fence) == "done"
         # Each statement missed DEFAULT, then found the row through the parent.
         assert updates_of(captured) == ["timeouts_task_default", "timeouts_task"] * 2
         assert status_of(claim) == Status.DONE and starts.count() == 1
@@ -108,8 +108,8 @@ def test_a_row_moved_out_of_default_after_its_claim_is_found_through_the_parent(
 
 def test_a_stale_message_naming_its_partition_is_still_dropped(starts):
     claim = claim_one()
-    assert running.run(*claim.message_args()) == "done"
-    assert running.run(*claim.message_args()) == "dropped"
+    assert running.run(claim.fence) == "done"
+    assert running.run(claim.fence) == "dropped"
     assert starts.count() == 1
 
 
@@ -117,8 +117,8 @@ def test_inside_a_hosts_transaction_the_parent_is_used(starts):
     # A missing partition would abort the host's transaction: eager tasks take no shortcut.
     claim = claim_one()
     with transaction.atomic(), CaptureQueriesContext(connection) as captured:
-        assert running.run(claim.job_id, claim.action_time.isoformat(), claim.attempt,
-                           "timeouts_task_d19990101") == "done"
+        assert running.run(from_run(claim.job_id, claim.action_time.isoformat(), claim.attempt,
+                                    "timeouts_task_d19990101")) == "done"
     assert updates_of(captured) == ["timeouts_task", "timeouts_task"]
     assert status_of(claim) == Status.DONE
 

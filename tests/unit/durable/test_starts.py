@@ -8,9 +8,10 @@ import time
 
 from timeouts.durable import starts as call_starts
 from timeouts.durable.starts import _DatabaseClock, _Start
+from timeouts.protocol import from_header
 from timeouts.worker import leases
 
-FENCE = [1, "2026-01-01T00:00:00+00:00", 1, None, "default"]
+FENCE = from_header([1, "2026-01-01T00:00:00+00:00", 1, None, "default"])
 # What the thread's compare-and-set answers (a long lease: no extension falls due in these tests).
 STARTED = {"row": {"job_id": 1, "ttr": 60}, "not_before": 0.0}
 

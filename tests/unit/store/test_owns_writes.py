@@ -23,24 +23,6 @@ STORE = PACKAGE / "store"
 # The loader names every query it prepares or runs on a partition: that is no running of one.
 LOADER = STORE / "queries.py"
 
-# Statements of the worker's attempt and of the claim, still run from the modules that drive them,
-# until they move into store/ beside the rest: moved by the attempt runner.
-MOVING = {
-    ("claim_due", "dispatch/claiming.py"),
-    ("release_claims", "dispatch/claiming.py"),
-    ("start_task", "worker/running.py"),
-    ("finish_task", "worker/running.py"),
-    ("finish_then_start_task", "worker/running.py"),
-    ("fail_task", "worker/running.py"),
-    ("confirm_start", "worker/running.py"),
-    ("extend_leases", "worker/leases.py"),
-    ("end_call", "durable/task.py"),
-    ("end_timed_out_call", "durable/task.py"),
-    ("give_back_call_starts", "durable/starts.py"),
-    ("tasks_backend_started", "backends/execution.py"),
-    ("tasks_backend_returned", "backends/execution.py"),
-    ("tasks_backend_failed", "backends/execution.py"),
-}
 
 # SQL composed in Python outside store/ that writes task rows, and why it is not a store function.
 COMPOSED = {
@@ -135,22 +117,16 @@ def test_every_kind_of_task_write_is_found():
 @pytest.mark.parametrize("name", sorted(WRITING))
 def test_only_the_store_names_a_query_that_writes_tasks(name):
     outside = {where for where in _naming()[name] if not where.startswith("store/")}
-    assert outside <= {where for query, where in MOVING if query == name}, (
+    assert not outside, (
         f"{name} writes timeouts_task, and is run from {sorted(outside)}: run it from a function of timeouts/store/ "
         "beside the query, and call that function")
 
 
-@pytest.mark.parametrize("name", sorted(WRITING - {query for query, _ in MOVING}))
+@pytest.mark.parametrize("name", sorted(WRITING))
 def test_the_store_names_each_query_that_writes_tasks(name):
     """A query named by no module would be run by a name made at run time, which no check can follow."""
     assert {where for where in _naming()[name] if where.startswith("store/")}, (
         f"{name} writes timeouts_task and no module of timeouts/store/ names it")
-
-
-def test_the_moving_list_holds_only_what_is_still_outside():
-    naming = _naming()
-    stale = sorted((name, where) for name, where in MOVING if name not in WRITING or where not in naming[name])
-    assert stale == [], f"moved into timeouts/store/ (or gone): drop them from MOVING: {stale}"
 
 
 # What store/queries.py runs or reads a query by: the name it is given is the query's.

@@ -1,5 +1,5 @@
 """What a failed attempt stores as its error, and which exceptions are the worker stopping rather
-than the attempt failing (running.error_text, running.stops_the_worker)."""
+than the attempt failing (attempt.error_text, attempt.stops_the_worker)."""
 
 import asyncio
 
@@ -7,7 +7,7 @@ import pytest
 from billiard import common
 from celery.exceptions import WorkerShutdown, WorkerTerminate
 
-from timeouts.worker.running import MAX_ERROR_LENGTH, error_text, stops_the_worker
+from timeouts.worker.attempt import MAX_ERROR_LENGTH, error_text, stops_the_worker
 
 
 def test_an_error_text_writes_what_postgresql_refuses_as_python_escapes():
