@@ -10,10 +10,12 @@ businesses page, timeouts_stats). An extension registers its kind when its modul
 AppConfig loads timeouts' own before it discovers the project's handlers.
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from django.core.exceptions import ImproperlyConfigured
+
+from timeouts.validation import BIZ_TYPE_RE
 
 
 @dataclass(frozen=True)
@@ -41,12 +43,15 @@ _attribute_prefixes: list[str] = []
 _publishing_prefixes: tuple[str, ...] = ()
 
 
+# The biz_types handlers are registered for. The registry, which asks this module about kinds, sets
+# it when it loads: this module stays below it.
+handler_names: Callable[[], Iterable[str]] = tuple
+
+
 def register(kind: Kind) -> Kind:
     """Add `kind`, at import time of the module that defines it. The same kind again (its module
     imported again) replaces it; a prefix that overlaps another kind's, or that a registered
     handler's biz_type starts with, raises ImproperlyConfigured: a biz_type has one owner."""
-    from timeouts.registry import BIZ_TYPE_RE, registered  # the registry asks this module: imported when used
-
     if not isinstance(kind.prefix, str) or not BIZ_TYPE_RE.fullmatch(kind.prefix) or len(kind.prefix) > 32:
         raise ImproperlyConfigured(
             f"kind {kind.label!r}: its prefix must be 1 to 32 characters of [A-Za-z0-9_.:-], got {kind.prefix!r}")
@@ -59,7 +64,7 @@ def register(kind: Kind) -> Kind:
                     f"the kind {other.label!r}")
         if kind.label in _noted:
             raise ImproperlyConfigured(f"a kind is already labelled {kind.label!r}")
-        taken = sorted(biz_type for biz_type in registered() if biz_type.startswith(kind.prefix))
+        taken = sorted(biz_type for biz_type in handler_names() if biz_type.startswith(kind.prefix))
         if taken:
             raise ImproperlyConfigured(
                 f"kind {kind.label!r}: biz_types starting with {kind.prefix!r} are {kind.description}, but "

@@ -2,7 +2,6 @@
 
 import functools
 import inspect
-import re
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 
@@ -11,9 +10,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from timeouts import kinds
 from timeouts.errors import InvalidBizType, UnknownBizType
-from timeouts.validation import check_concurrency, check_rate_limit, describe
-
-BIZ_TYPE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+from timeouts.validation import BIZ_TYPE_RE, check_concurrency, check_rate_limit, describe
 
 
 @dataclass(frozen=True)
@@ -43,6 +40,7 @@ async def _awaited(coroutine):
 
 
 _handlers: dict[str, Handler] = {}
+kinds.handler_names = _handlers.keys  # a kind registered later must not take a handler's name
 
 
 def check_biz_type(biz_type) -> str:

@@ -6,10 +6,14 @@ Everything here runs before any SQL, so rejected input stores nothing and a bad 
 
 import json
 import math
+import re
 import uuid
 from datetime import UTC, datetime, timedelta
 
 from timeouts.errors import InvalidAttribute, InvalidBizId, InvalidOption, InvalidTime
+
+# What a biz_type is made of: a handler's name, or a kind's prefix and what follows it.
+BIZ_TYPE_RE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 MAX_BIZ_ID_LENGTH = 255
 MAX_ATTRIBUTE_DEPTH = 64
