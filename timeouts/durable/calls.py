@@ -272,18 +272,6 @@ def _message(app, claim, call, eta_headroom):
     return name, message, options
 
 
-def params_by_shard(calls) -> dict:
-    """The array parameters of a statement on many started calls at once (their job_ids,
-    action_times and attempts), per shard, from (shard, job_id, action_time, attempt) tuples."""
-    by_shard = {}
-    for shard, job_id, action_time, attempt in calls:
-        params = by_shard.setdefault(shard, {"job_ids": [], "action_times": [], "attempts": []})
-        params["job_ids"].append(job_id)
-        params["action_times"].append(action_time)
-        params["attempts"].append(attempt)
-    return by_shard
-
-
 # --- Cancelling -----------------------------------------------------------------------------------
 
 def cancel(task_id) -> bool:

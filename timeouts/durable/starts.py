@@ -51,8 +51,8 @@ from celery.signals import worker_init
 from celery.worker import state as worker_state
 from celery.worker.request import Request
 
-from timeouts.durable.calls import params_by_shard
 from timeouts.protocol import FENCE_HEADER, from_header, header
+from timeouts.store.attempts import params_by_shard
 from timeouts.worker import leases
 
 logger = logging.getLogger(__name__)

@@ -97,6 +97,18 @@ def end_timed_out_call(task_id: str, prefix: str, error: str) -> list[dict]:
 
 # --- Leases -----------------------------------------------------------------------------------------
 
+def params_by_shard(attempts) -> dict:
+    """The array parameters of a statement on many started attempts at once (their job_ids,
+    action_times and attempts), per shard, from (shard, job_id, action_time, attempt) tuples."""
+    by_shard = {}
+    for shard, job_id, action_time, attempt in attempts:
+        params = by_shard.setdefault(shard, {"job_ids": [], "action_times": [], "attempts": []})
+        params["job_ids"].append(job_id)
+        params["action_times"].append(action_time)
+        params["attempts"].append(attempt)
+    return by_shard
+
+
 def extend_leases(params: dict):
     """Extend the leases of started attempts still RUNNING (params_by_shard's arrays)."""
     fetch_dicts("extend_leases", params)

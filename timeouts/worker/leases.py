@@ -109,11 +109,10 @@ class Heartbeat:
 
     @staticmethod
     def _extend(leases):
-        from timeouts.durable.calls import params_by_shard
         from timeouts.store import attempts, worker_connection
 
         started = {(lease.shard, lease.job_id, lease.action_time, lease.attempt) for lease in leases}
-        for shard, params in params_by_shard(started).items():
+        for shard, params in attempts.params_by_shard(started).items():
             try:
                 with worker_connection.used(shard):
                     attempts.extend_leases(params)
