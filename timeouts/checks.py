@@ -50,7 +50,7 @@ def check_database(app_configs=None, **kwargs):
         if vendor != "postgresql":
             problems.append(Error(
                 f"timeouts needs PostgreSQL, but the database {alias!r} (which would hold timeouts_task) is {vendor}.",
-                hint="Use django.db.backends.postgresql (PostgreSQL 13 or newer, psycopg 3.2.10 or newer): the task "
+                hint="Use django.db.backends.postgresql (PostgreSQL 15 or newer, psycopg 3.2.10 or newer): the task "
                      "table is partitioned and claimed with FOR UPDATE SKIP LOCKED and LISTEN/NOTIFY.",
                 id="timeouts.E001"))
     return problems
