@@ -17,7 +17,7 @@ def test_the_strategies_reach_both_sides_of_each_limit():
 
     # derandomize: a fixed sequence of examples, so this check of the strategies cannot fail by
     # chance (random examples miss a kind now and then).
-    @settings(max_examples=100, database=None, deadline=None, derandomize=True,
+    @settings(max_examples=300, database=None, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(attribute=any_of("attribute"))
     def collect(attribute: Arg):
