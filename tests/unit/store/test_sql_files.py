@@ -34,6 +34,8 @@ MIGRATED = {
     "0001_notify_reverse.sql": "55011e5005309992ce597e8a06de4556fef892ce04b0f238d56f2224dd6b8a5b",
     "0001_tasks.sql": "f21155a5630581ea16530054c2d9471417e35c3bb150fb52706ceee31f8c32ac",
     "0001_tasks_reverse.sql": "3365fbd341a44f8052280f87b0a5013ef8c636ed7969312bcd7f531fb917a0a5",
+    "0002_lateness.sql": "6bae4c1e61c684c33ba9f8365a1e63c11a3113fe68dfc1bcefd5b98bbade0b46",
+    "0002_lateness_reverse.sql": "090dcbb0377e2248d095823dd2cf414719cf51c1d10feb46ee275ccb1310866c",
 }
 
 
