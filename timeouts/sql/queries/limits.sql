@@ -96,3 +96,9 @@ ON CONFLICT (biz_type) DO UPDATE
 SET lateness_overridden = true, max_lateness = excluded.max_lateness, on_late = excluded.on_late,
     modified_at = excluded.modified_at;
 
+
+-- name: lateness_policies
+-- The lateness policy in force and the declared one of every biz_type that has a row.
+SELECT biz_type, max_lateness_in_force AS max_lateness, on_late_in_force AS on_late, declared_max_lateness,
+       declared_on_late, lateness_overridden
+FROM timeouts_limits;
