@@ -247,7 +247,7 @@ class Dispatcher:
         started = self.last_claim = self.clock()
         claimed = published = 0
         while True:
-            claims = claim_due(self.batch_size, lead=self._claim_lead())
+            claims = claim_due(self.batch_size, lead=self._claim_lead(), claimer="dispatcher")
             self.stats.add(queries=1, claimed=len(claims))
             claimed += len(claims)
             full = len(claims) == self.batch_size

@@ -49,7 +49,7 @@ def _scan_shard(deadline) -> int:
     published = 0
     batch = min(get_settings().SCAN_BATCH_SIZE, MAX_CLAIM)
     while True:
-        claims = claim_due(batch)
+        claims = claim_due(batch, claimer="scan")
         published += publish(claims)
         if len(claims) < batch or time.monotonic() > deadline:
             return published
