@@ -15,7 +15,7 @@ from django.db.transaction import TransactionManagementError
 from timeouts import events, kinds, protocol
 from timeouts.conf import get_settings
 from timeouts.storage import shards
-from timeouts.store import last_claims, worker_connection
+from timeouts.store import worker_connection
 from timeouts.store.claims import claim_rows, release_rows
 from timeouts.store.serialization import retry_on_conflict
 from timeouts.testing import faults
@@ -62,13 +62,10 @@ class Claim:
 MAX_CLAIM = 5000
 
 
-def claim_due(limit: int, lead: float = 0.0, *, claimer: str | None = None) -> list[Claim]:
+def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
     """Claim up to `limit` (at most MAX_CLAIM) PENDING tasks due within `lead` seconds, by the
     database clock: shared fairly among their biz_types, within their limits and pauses
-    (timeouts.limiting.controls). `claimer` ("dispatcher" or "scan"): the kind of claimer whose
-    last claim the health check reads (store/last_claims.py); None notes nothing."""
-    if claimer is not None and claimer not in last_claims.CLAIMERS:
-        raise ValueError(f"claimer must be one of {', '.join(last_claims.CLAIMERS)} or None, got {claimer!r}")
+    (timeouts.limiting.controls)."""
     if worker_connection.current().in_atomic_block:
         raise TransactionManagementError(
             "claim_due() must commit before publishing: call it outside transaction.atomic()")
@@ -83,8 +80,6 @@ def claim_due(limit: int, lead: float = 0.0, *, claimer: str | None = None) -> l
     if faults.ARMED and faults.armed("claim.before_commit"):
         claim = _faulting_before_commit(claim)  # tests only: never a transaction when unarmed
     rows = events.dispatched(retry_on_conflict(claim))
-    if claimer is not None:
-        last_claims.note_claim(claimer)
     if rows:
         faults.fault("claim.after_commit")
     return sorted(

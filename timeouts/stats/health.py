@@ -21,6 +21,7 @@ that cannot be read is then no failure: a restart would not mend that), a readin
 check alone. Each problem is one line of text (`Health.lines()`); `Health.as_dict()` is the JSON.
 """
 
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -65,11 +66,15 @@ class Thresholds:
     def __post_init__(self):
         for name in ("max_lateness", "max_claim_gap", "timeout"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+            if not _number(value, float) or not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a number of seconds above 0, got {value!r}")
-        if isinstance(self.partitions_ahead, bool) or not isinstance(self.partitions_ahead, int) \
-                or self.partitions_ahead < 0:
+        if not _number(self.partitions_ahead, int) or self.partitions_ahead < 0:
             raise ValueError(f"partitions_ahead must be an integer >= 0, got {self.partitions_ahead!r}")
+
+
+def _number(value, kind) -> bool:
+    """An int (or, for a float, an int or a float), never a bool."""
+    return not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else int)
 
 
 @dataclass(frozen=True)

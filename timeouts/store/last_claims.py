@@ -2,10 +2,10 @@
 in timeouts_last_claims when it last claimed on a shard, for the health check
 (timeouts.stats.health).
 
-A claim can run hundreds of times a second, so the note is written at most once a second per
-process, shard and kind, and costs the other claims a clock read. It is written after the claim
-committed: an error writing it (the table not migrated yet during a rolling deploy, say) is
-logged and never keeps the claimed tasks from being published.
+A dispatcher can claim hundreds of times a second, so the note is written at most once a second
+per process, shard and kind, and costs the other rounds a clock read. A claimer writes it once a
+round's claims are published, so it never delays a message; an error writing it (the table not
+migrated yet during a rolling deploy, say) is logged, and the claimer goes on.
 """
 
 import logging
@@ -31,6 +31,8 @@ _lock = threading.Lock()
 def note_claim(claimer: str) -> None:
     """Note that `claimer` ("dispatcher" or "scan") just claimed on the shard of the calling thread's
     connection for timeouts' statements, unless this process noted it less than EVERY seconds ago."""
+    if claimer not in CLAIMERS:
+        raise ValueError(f"claimer must be one of {', '.join(CLAIMERS)}, got {claimer!r}")
     db = worker_connection.current()
     key, now = (os.getpid(), db.alias, claimer), time.monotonic()
     with _lock:  # the dispatchers of several shards run in threads of one process

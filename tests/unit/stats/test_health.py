@@ -31,8 +31,8 @@ def test_a_run_of_partitions_of_another_interval_covers_a_bucket():
 
 def test_thresholds_are_checked():
     assert health.Thresholds(60, 30, 0).timeout == health.DEFAULT_TIMEOUT
-    for bad in ({"max_lateness": 0}, {"max_claim_gap": -1}, {"timeout": float("nan")}, {"partitions_ahead": -1},
-                {"partitions_ahead": 1.5}, {"max_lateness": True}):
+    for bad in ({"max_lateness": 0}, {"max_claim_gap": -1}, {"timeout": float("nan")}, {"timeout": float("inf")},
+                {"partitions_ahead": -1}, {"partitions_ahead": 1.5}, {"max_lateness": True}):
         with pytest.raises(ValueError):
             health.Thresholds(**{"max_lateness": 60, "max_claim_gap": 30, "partitions_ahead": 1, **bad})
 

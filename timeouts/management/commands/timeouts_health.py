@@ -1,7 +1,9 @@
 """manage.py timeouts_health: exit 0 with one line when the deployment does its job, else exit 1 with
 a line per problem (timeouts/stats/health.py has the checks)."""
 
+import argparse
 import json
+import math
 import sys
 
 from django.conf import settings
@@ -10,22 +12,38 @@ from django.core.management.base import BaseCommand, CommandError
 from timeouts.stats import health
 
 
+def seconds(text) -> float:
+    value = float(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return value
+
+
+def count(text) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text!r}")
+    return value
+
+
 class Command(BaseCommand):
     help = ("Checks every shard: due tasks waiting too long, nothing claiming while tasks are due, partitions "
             "missing ahead, a shard that cannot be read. Exits 0 with one line when all is well, else 1 with one "
             "line per problem on stderr (--json: one document on stdout).")
+    # A probe prints its own lines only, and fast: Django's system checks are `manage.py check`'s business.
+    requires_system_checks = []
 
     def add_arguments(self, parser):
         defaults = health.Thresholds.defaults()
-        parser.add_argument("--max-lateness", type=float, metavar="SECONDS",
+        parser.add_argument("--max-lateness", type=seconds, metavar="SECONDS",
                             help=f"the longest a due task may wait (default {defaults.max_lateness:g})")
-        parser.add_argument("--max-claim-gap", type=float, metavar="SECONDS",
+        parser.add_argument("--max-claim-gap", type=seconds, metavar="SECONDS",
                             help="the longest nothing may claim while a task has waited that long "
                                  f"(default {defaults.max_claim_gap:g})")
-        parser.add_argument("--partitions-ahead", type=int, metavar="N",
+        parser.add_argument("--partitions-ahead", type=count, metavar="N",
                             help="buckets after the current one that must have partitions "
                                  f"(default {defaults.partitions_ahead}: PARTITIONS_AHEAD - 1)")
-        parser.add_argument("--timeout", type=float, default=health.DEFAULT_TIMEOUT, metavar="SECONDS",
+        parser.add_argument("--timeout", type=seconds, default=health.DEFAULT_TIMEOUT, metavar="SECONDS",
                             help="seconds each shard may take to answer (default %(default)g)")
         parser.add_argument("--database", metavar="ALIAS",
                             help="check this database alone (default: every shard of TIMEOUTS['SHARDS'])")
@@ -40,11 +58,8 @@ class Command(BaseCommand):
                as_json, **options):
         if database is not None and database not in settings.DATABASES:
             raise CommandError(f"unknown database alias {database!r}", returncode=2)
-        try:
-            thresholds = health.Thresholds.defaults(max_lateness=max_lateness, max_claim_gap=max_claim_gap,
-                                                    partitions_ahead=partitions_ahead, timeout=timeout)
-        except ValueError as exc:
-            raise CommandError(str(exc), returncode=2) from exc
+        thresholds = health.Thresholds.defaults(max_lateness=max_lateness, max_claim_gap=max_claim_gap,
+                                                partitions_ahead=partitions_ahead, timeout=timeout)
         checks = health.LIVENESS if liveness else health.READINESS if readiness else health.CHECKS
         result = health.check(aliases=database and [database], checks=checks, thresholds=thresholds)
         if as_json:

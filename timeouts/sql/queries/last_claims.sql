@@ -6,8 +6,8 @@
 -- name: note_claim
 -- Records that a claimer of one kind claimed now, and from which process.
 --
--- An upsert in the claimer's own autocommit statement, after its claim committed. Several
--- processes write the same row: the guard keeps the latest time when two of them cross.
+-- An autocommit statement of its own, after a round of claims was published. Several processes
+-- write the same row: the guard keeps the latest time when two of them cross.
 INSERT INTO timeouts_last_claims AS last (claimer, claimed_at, process)
 VALUES (%(claimer)s, now(), %(process)s)
 ON CONFLICT (claimer) DO UPDATE SET claimed_at = excluded.claimed_at, process = excluded.process
