@@ -9,6 +9,8 @@ task_id, args and kwargs, but as an eager request: a `self.retry(countdown=...)`
 again at once, and with the message's fence, which the first attempt has used. Here the request
 is a worker's, so a retry goes the durable way, a row of its own with the same task_id. As for
 apply(), no result is stored and an error is not raised: the row records it, and Celery logs it.
+A call due after the database clock (run_due's `until` ahead of it) has its start recorded ahead
+(attempt.start_now), as a worker's main process records one, and runs at once.
 """
 
 from celery import current_app
@@ -16,8 +18,9 @@ from celery.app.trace import build_tracer
 from celery.utils.nodenames import anon_nodename
 
 from timeouts.durable import calls
-from timeouts.protocol import ETA_HEADROOM
+from timeouts.protocol import ETA_HEADROOM, FENCE_HEADER, header
 from timeouts.store import attempts
+from timeouts.worker import attempt
 
 
 def run(claim) -> bool:
@@ -27,8 +30,12 @@ def run(claim) -> bool:
     made = calls.claimed_message(app, claim, ETA_HEADROOM)
     if made is None:
         return False
+    fence = attempt.start_now(claim.fence, claim.claimed_at)  # due later than the clock: started ahead
+    if fence is None:
+        return False
     name, message, options = made
-    headers = {**message.headers, **(options.get("headers") or {})}  # as send_task_message merges them
+    options["headers"][FENCE_HEADER] = header(fence)
+    headers = {**message.headers, **options["headers"]}  # as send_task_message merges them
     args, kwargs, embed = message.body
     request = {**headers, **(embed or {}), "args": args, "kwargs": kwargs, "is_eager": False,
                "hostname": anon_nodename(), "delivery_info": _delivery_info(options),

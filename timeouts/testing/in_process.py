@@ -18,7 +18,7 @@ from timeouts.registry import check_known
 from timeouts.storage import shards
 from timeouts.store import claims, clock, worker_connection
 from timeouts.validation import describe
-from timeouts.worker import running
+from timeouts.worker import attempt, running
 
 
 def run_due(*, until: datetime | None = None, biz_type: str | None = None) -> int:
@@ -33,10 +33,11 @@ def run_due(*, until: datetime | None = None, biz_type: str | None = None) -> in
 
     - `until`: by default, the database's clock when run_due() is called, and a task that a run
       schedules to be due at once (a delay of 0, a Django task without run_after) runs too. A
-      later `until` runs what is due by then as if that time had come (its lateness reads
-      negative); a retry runs again only when its backoff ends by `until`.
-    - `biz_type`: only the tasks of this biz_type (a handler's, or a kind's such as
-      `celery:<task name>`).
+      later `until` runs what is due by then at once, as if its time had come: its row records
+      its start at its due time, never earlier. A retry runs again when its backoff ends by
+      `until`.
+    - `biz_type`: only the tasks of this biz_type (a handler's, or a kind's, such as the one a
+      DurableTask's calls are stored under).
     - Cancelled tasks and those not due by `until` never run. Neither do the tasks of a paused
       biz_type; rate and concurrency limits do not apply.
     - A naive or non-datetime `until` raises `timeouts.InvalidTime`; a `biz_type` that is not one
@@ -95,4 +96,5 @@ def _run(claim: Claim) -> int:
     kind = kinds.of(claim.biz_type)
     if kind is not None and kind.run_in_process is not None:
         return int(kind.run_in_process(claim))
-    return int(running.run(claim.fence) != "dropped")
+    fence = attempt.start_now(claim.fence, claim.claimed_at)
+    return 0 if fence is None else int(running.run(fence) != "dropped")

@@ -264,6 +264,23 @@ def start_ahead(key: dict, attempt: int, partition: str | None, ahead: float):
     return attempts.start(key, attempt, partition, 0.0, ahead)
 
 
+def start_now(fence: Fence, database_now) -> Fence | None:
+    """The fence of an attempt that its caller runs at once, whatever its run_at: as it is if its
+    run_at has come by `database_now` (the database clock); else with its start recorded ahead
+    (start_ahead), which run() confirms and then runs the body without waiting, as for a start the
+    worker's main process recorded. timeouts.testing.run_due runs so what is due by a later time.
+    The row records the start at run_at, as any start ahead: never before. None: the start was
+    refused (stale, or cancelled)."""
+    if fence.run_at is None or fence.run_at <= database_now:
+        return fence
+    ahead = (fence.run_at - database_now).total_seconds()  # the start's clock reads database_now or later
+    row = start_ahead(fence.key, fence.attempt, None, ahead)
+    if row is None:
+        return None
+    del row["database_now"]
+    return fence.with_started({"row": row, "not_before": time.monotonic()})
+
+
 def confirm_start(key: dict, attempt: int, partition: str | None = None) -> bool:
     """Whether a start recorded earlier (start_ahead) still holds, its lease renewed for a whole TTR:
     the body may run only then."""

@@ -271,12 +271,10 @@ RETURNING timeouts_notify_v1(%(channel)s, t.run_at, c.now + %(horizon)s * interv
 -- `since`, scheduled since then to be due at once (what a run schedules for now: a retry is due
 -- after its backoff, later than it was scheduled). Of one biz_type, if given. A paused biz_type's
 -- tasks stay PENDING; rate and concurrency limits do not apply, as the tasks run one after another.
--- A task due after the database clock (an `until` ahead of it) has its run_at brought back to the
--- clock, for the worker's compare-and-set, which starts nothing before run_at. The lease is as
--- claim_due takes it.
+-- The lease is as claim_due takes it. A task due after the database clock (an `until` ahead of it)
+-- keeps its run_at, which is never before its action_time: the caller records its start ahead.
 UPDATE timeouts_task AS t
-SET status = :DISPATCHED, run_at = least(t.run_at, c.now), dispatched_at = c.now, modified_at = c.now,
-    lease_until = c.now + t.ttr * interval '1 second'
+SET status = :DISPATCHED, dispatched_at = c.now, modified_at = c.now, lease_until = c.now + t.ttr * interval '1 second'
 FROM (SELECT clock_timestamp() AS now) AS c,
      (SELECT d.job_id, d.action_time FROM timeouts_task AS d
       WHERE d.status = :PENDING
