@@ -106,6 +106,9 @@ class InATestCase(TestCase):
         self.assertEqual(run_due(), 1)
         self.assertEqual(run_due(until=now + timedelta(hours=3)), 1)
         self.assertEqual([biz_id for _, biz_id, _ in work.RUNS], keys)
+        # Run ahead of its time, a task records its start at its due time, never earlier.
+        [ahead] = TimeoutTask.objects.filter(biz_id=keys[-1])
+        self.assertEqual((ahead.status, ahead.started_at), (Status.DONE, ahead.action_time))
 
     def test_a_cancelled_task_never_runs(self):
         kept, cancelled = key("kept"), key("cancelled")
@@ -129,7 +132,9 @@ class InATestCase(TestCase):
         self.assertEqual(work.RUNS, [(work.close_order_call.name, result.id, [order.pk], {}, 0)])
         order.refresh_from_db()
         self.assertEqual(order.status, Order.Status.CLOSED)
-        self.assertEqual(row(stored).status, Status.DONE)
+        done = row(stored)
+        self.assertEqual(done.status, Status.DONE)
+        self.assertGreaterEqual(done.started_at, done.action_time)
 
     def test_a_django_task_runs_here_and_its_result_reads_successful(self):
         order = Order.objects.create()
