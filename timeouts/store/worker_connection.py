@@ -37,7 +37,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 PSYCOPG_PREPARE_THRESHOLD = 5
 
 _local = threading.local()
-# The attribute that marks a connection as timeouts' own (is_djangos).
+# The attribute that marks a connection as timeouts' own (is_own).
 OWN = "timeouts_own"
 
 
@@ -47,10 +47,10 @@ def current():
     return getattr(_local, "active", None) or connections[DEFAULT_DB_ALIAS]
 
 
-def is_djangos(db) -> bool:
-    """Whether `db` is one of Django's connections, not one of timeouts' own: the attempt runs in the
-    caller's process (an eager task, timeouts.testing.run_due)."""
-    return not getattr(db, OWN, False)
+def is_own(db) -> bool:
+    """Whether `db` is one of timeouts' own connections (a worker's), not Django's, which the
+    caller's process uses (an eager task, timeouts.testing.run_due)."""
+    return getattr(db, OWN, False)
 
 
 def for_shard(alias):

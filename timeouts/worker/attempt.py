@@ -125,7 +125,7 @@ def run(kind: Kind, fence: Fence, lease_extra: float = 0.0, previous: Done | Non
     outcome or None, its Done or None)."""
     with kind.database(fence):
         db = worker_connection.current()
-        in_callers_process, in_transaction = worker_connection.is_djangos(db), db.in_atomic_block
+        in_callers_process, in_transaction = not worker_connection.is_own(db), db.in_atomic_block
         # Inside a host's transaction (an eager task) a missing partition would abort it: no shortcut.
         partition = fence.partition if is_partition_name(fence.partition) and not in_transaction else None
         shard = db.alias
