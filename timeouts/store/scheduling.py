@@ -12,7 +12,7 @@ from datetime import timedelta
 
 from django.db import connections, transaction
 
-from timeouts import events, validation
+from timeouts import events, tracing, validation
 from timeouts.conf import get_settings, notify_params
 from timeouts.errors import TaskConflict, TimeoutsError
 from timeouts.registry import get_handler
@@ -23,7 +23,7 @@ from timeouts.store.queries import execute, fetch_dicts, fetch_one, fetch_values
 # First key of the two-key advisory lock, so our locks cannot collide with the host's one-key locks.
 ADVISORY_LOCK_NAMESPACE = 0x74696D65  # "time"
 
-COPY_COLUMNS = ("biz_type", "biz_id", "action_time", "run_at", "attribute", "max_attempts", "ttr")
+COPY_COLUMNS = ("biz_type", "biz_id", "action_time", "run_at", "attribute", "max_attempts", "ttr", "trace_context")
 
 
 @dataclass(frozen=True)
@@ -112,9 +112,12 @@ def insert(model, new: NewTask, where: shards.Place, connection):
     the query returns what the database decided, the call gives the rest. The one insert of a task
     row, for schedule(), a stored Celery call (durable/calls.py) and an enqueued task of Django's
     tasks framework (backends/backend.py). A statement that is its own transaction notifies without
-    the once-per-transaction function (insert_task_autocommit)."""
+    the once-per-transaction function (insert_task_autocommit). The caller's trace context goes
+    with it (tracing.py)."""
     query = "insert_task_autocommit" if connection.get_autocommit() else "insert_task"
-    row = fetch_values(query, new.params(where.slot), using=connection)
+    params = new.params(where.slot)
+    params["trace_context"] = tracing.stored_context()
+    row = fetch_values(query, params, using=connection)
     job_id, action_time, attribute, created_at, _notified = row
     return model._inserted(
         connection.alias, job_id=job_id, biz_type=new.biz_type, biz_id=new.biz_id, action_time=action_time,
@@ -189,11 +192,13 @@ def _copy(rows, connection):
         # One reading of the database clock for the whole batch.
         now = fetch_one("database_now", using=connection)["now"]
     job_ids = _job_ids(connection, [where.slot for _, where in rows])
+    trace_context = tracing.stored_context()  # the caller's, the same for the whole batch
     statement = f"COPY timeouts_task ({', '.join(('job_id', *COPY_COLUMNS))}) FROM STDIN"
     with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
         for (new, _), job_id in zip(rows, job_ids, strict=True):
             at = new.at if new.delay is None else now + new.delay
-            copy.write_row((job_id, new.biz_type, new.biz_id, at, at, new.attribute, new.max_attempts, new.ttr))
+            copy.write_row((job_id, new.biz_type, new.biz_id, at, at, new.attribute, new.max_attempts, new.ttr,
+                            trace_context))
             earliest = at if earliest is None else min(earliest, at)
     return earliest
 
