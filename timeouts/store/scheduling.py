@@ -38,7 +38,8 @@ class NewTask:
     on_conflict: str | None
 
     def params(self, slot: int | None = None):
-        """insert_task's parameters; `slot`: the task's (shards.place()), by default its biz_id's."""
+        """insert_task's parameters; `slot`: the task's (shards.place()), by default its biz_id's. With
+        the trace context of the caller, now (tracing.py)."""
         return {
             "slot": shards.slot_of(self.biz_id) if slot is None else slot,
             "biz_type": self.biz_type,
@@ -48,6 +49,7 @@ class NewTask:
             "attribute": self.attribute,
             "max_attempts": self.max_attempts,
             "ttr": self.ttr,
+            "trace_context": tracing.stored_context(),
             **notify_params(),
         }
 
@@ -112,12 +114,9 @@ def insert(model, new: NewTask, where: shards.Place, connection):
     the query returns what the database decided, the call gives the rest. The one insert of a task
     row, for schedule(), a stored Celery call (durable/calls.py) and an enqueued task of Django's
     tasks framework (backends/backend.py). A statement that is its own transaction notifies without
-    the once-per-transaction function (insert_task_autocommit). The caller's trace context goes
-    with it (tracing.py)."""
+    the once-per-transaction function (insert_task_autocommit)."""
     query = "insert_task_autocommit" if connection.get_autocommit() else "insert_task"
-    params = new.params(where.slot)
-    params["trace_context"] = tracing.stored_context()
-    row = fetch_values(query, params, using=connection)
+    row = fetch_values(query, new.params(where.slot), using=connection)
     job_id, action_time, attribute, created_at, _notified = row
     return model._inserted(
         connection.alias, job_id=job_id, biz_type=new.biz_type, biz_id=new.biz_id, action_time=action_time,
