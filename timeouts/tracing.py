@@ -16,6 +16,8 @@ provider that avoids it.
 
 from contextlib import contextmanager, nullcontext
 
+from timeouts import kinds
+
 try:
     from opentelemetry import trace
     from opentelemetry.trace import Link, NoOpTracerProvider, ProxyTracerProvider, SpanKind, Status, StatusCode
@@ -79,8 +81,6 @@ def _tracer():
 
 
 def _kind(biz_type: str) -> str:
-    from timeouts import kinds
-
     kind = kinds.of(biz_type)
     return HANDLER_KIND if kind is None else kind.label
 

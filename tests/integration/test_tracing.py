@@ -10,11 +10,12 @@ from django.db import connection, transaction
 from opentelemetry import trace
 
 import timeouts
-from tests.testapp import django_tasks, tasks
+from tests.testapp import django_tasks, recorder, tasks
 from tests.tracing.exporting import recording
 from timeouts import registry
 from timeouts.dispatch.claiming import claim_due
 from timeouts.dispatch.publishing import publish
+from timeouts.testing import run_due
 from timeouts.worker import running
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
@@ -34,6 +35,15 @@ def django_task_tables():
         cursor.execute(django_tasks.SIGNALS_TABLE_SQL)
     yield
     django_tasks.close()
+
+
+@pytest.fixture
+def runs_recorded():
+    """Where the DurableTask test tasks record their runs (tests/testapp/tasks.py)."""
+    with connection.cursor() as cursor:
+        cursor.execute(tasks.CALLS_TABLE_SQL)
+    yield
+    recorder.close()
 
 
 @pytest.fixture
@@ -141,3 +151,18 @@ def test_a_failing_handler_s_run_span_records_its_error_and_says_retry_then_dead
         [event] = run.events
         assert event.name == "exception" and event.attributes["exception.type"] == error
         assert [[link.context.trace_id, link.context.span_id] for link in run.links] == [ids(checkout)]
+
+
+def test_a_durable_call_s_and_a_django_task_s_runs_are_linked_too(spans, django_task_tables, runs_recorded):
+    """The one attempt runner serves every kind: here in this process, as run_due() runs them."""
+    with trace.get_tracer("test").start_as_current_span("checkout") as checkout:
+        tasks.record.apply_async((1,), countdown=60)
+        django_tasks.add.enqueue(2, 3)
+    assert run_due(until=datetime.now(UTC) + timedelta(minutes=2)) == 2
+    runs = {span.attributes["timeouts.kind"]: span for span in spans.get_finished_spans()
+            if span.name.startswith("timeouts run ")}
+    assert set(runs) == {"DurableTask", "Django task"}
+    for run in runs.values():
+        assert [[link.context.trace_id, link.context.span_id] for link in run.links] == [ids(checkout)]
+        assert run.attributes["timeouts.outcome"] == "done" and run.status.status_code == trace.StatusCode.UNSET
+    assert runs["DurableTask"].name == "timeouts run celery:tests.durable.record"
