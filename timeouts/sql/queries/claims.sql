@@ -19,7 +19,7 @@
 -- all). Ordered by (biz_type, run_at) after a range of biz_types, each step is served by that index
 -- only, whatever the statistics say. Not limited to due partitions: a condition on action_time is
 -- not in the index, and would read every future task of the current partition. Its first row, ''
--- (before any biz_type), has no `oldest`.
+-- (before any biz_type), has no `oldest`. The health check's oldest_due_unpaused reads it too.
 pending_types AS (
     SELECT ''::varchar AS biz_type, NULL::timestamptz AS oldest
     UNION ALL
