@@ -9,8 +9,8 @@ from django.test.utils import override_settings
 from benchmarks.config import KNOWN_SCENARIOS, PATHS, PEER_SYSTEMS, BenchConfig
 
 SIZES = ("n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "n_idle", "n_durable_spread", "n_durable_memory",
-         "n_durable_restart", "n_durable_cost", "n_durable_cpu", "n_tasks_spread", "n_tasks_drain", "n_tasks_enqueue", "n_backlog",
-         "n_isolation_spread", "n_rate", "n_claim", "n_shards_drain", "n_shards_outage")
+         "n_durable_restart", "n_durable_cost", "n_durable_cpu", "n_tasks_spread", "n_tasks_drain", "n_tasks_enqueue",
+         "n_backlog", "n_isolation_spread", "n_rate", "n_claim", "n_shards_drain", "n_shards_outage")
 
 
 def _names(text):
