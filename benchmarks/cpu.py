@@ -183,6 +183,14 @@ class Tracked:
         """Processes seen once and gone at the last sample (what they used since their last sample is lost)."""
         return sum(1 for key in self.last if key not in self.present)
 
+    def ticks_by(self, label_of) -> dict:
+        """{label: ticks} of the processes by the label `label_of(pid)` gives each."""
+        out = {}
+        for key in self.last:
+            label = label_of(key[0])
+            out[label] = out.get(label, 0) + self.last[key] - self.first[key]
+        return out
+
 
 class Meter:
     """The groups {name: Tree | Trees | Tracked}, read together from one process table at each sample."""

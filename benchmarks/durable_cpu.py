@@ -19,6 +19,7 @@ uses idle over as long (read just before, over --cpu-idle-seconds):
     worker_pool     the worker's pool processes (the body, DurableTask's start and outcome)
     dispatcher      the dispatcher (DurableTask only)
     postgres        the PostgreSQL backends of every session on the bench database but the bench's own
+                    (split by the process each serves, `postgres_for_<group>_ms`)
     broker          the broker's server (Redis or RabbitMQ on this machine, found by its port)
     postgres_other  the rest of the PostgreSQL server: its background processes (WAL writer,
                     checkpointer, autovacuum) and the sessions of other databases
@@ -49,6 +50,7 @@ TASKS = {"durable": DURABLE_TASK, "celery_plain": DIRECT_TASK}
 # well after the call returned, so each call goes the usual way, claimed ahead and started ahead.
 COUNTDOWN = 1.0
 OWN = ("caller", "worker_main", "worker_pool", "dispatcher", "postgres")
+CLIENT_ROLES = ("caller", "worker_main", "worker_pool", "dispatcher")  # whom a PostgreSQL session serves
 SHARED = ("broker", "postgres_other")
 POLL = 0.25  # seconds between the bench's looks: it shares the cores with what it measures
 READY_TIMEOUT = 120.0  # seconds for the calling process to set up and warm the path
@@ -63,10 +65,12 @@ def measure(ctx, procs, variant, rep) -> dict:
     warm_worker(ctx.app, ctx.conn, count=2 * cfg.concurrency, check=procs.check)
     dispatcher = procs.dispatcher(cfg.dispatcher_args) if variant == "durable" else None
     caller = Caller(ctx, variant, n, probe=2 * cfg.concurrency)
+    sessions = Sessions(ctx)
+    roles = {"caller": caller.process.pid, "worker_main": worker.pid, "dispatcher": dispatcher and dispatcher.pid}
     try:
         caller.wait_ready(procs)
         finished, before = _finished(ctx, variant, procs)
-        meter = cpu.Meter(groups(ctx, worker, dispatcher, caller.process))
+        meter = cpu.Meter(groups(ctx, worker, dispatcher, caller.process, sessions))
         idle_s, idle = _idle(meter, cfg.cpu_idle_seconds, procs)
         load = machine.loadavg()[0]
         meter.start()
@@ -85,6 +89,7 @@ def measure(ctx, procs, variant, rep) -> dict:
            "cpu_s": {name: None if s is None else round(s, 3) for name, s in busy.items()},
            "idle_cpu_pct": {name: None if r is None else round(100.0 * r, 3) for name, r in idle.items()}}
     out.update(figures(busy, idle, wall, n))
+    out.update(by_client(meter, sessions, roles, n))
     return out
 
 
@@ -100,19 +105,60 @@ def figures(busy, idle, wall_s, n) -> dict:
     return out
 
 
-def groups(ctx, worker, dispatcher, caller) -> dict:
+def groups(ctx, worker, dispatcher, caller, sessions) -> dict:
     out = {"caller": cpu.Tree(caller.pid), "worker_main": cpu.Tree(worker.pid, "self"),
            "worker_pool": cpu.Tree(worker.pid, "children")}
     if dispatcher is not None:
         out["dispatcher"] = cpu.Tree(dispatcher.pid)
     postmaster = _postmaster(ctx.conn)
     if postmaster is not None:
-        out["postgres"] = cpu.Tracked(lambda: backend_pids(ctx))
+        out["postgres"] = cpu.Tracked(sessions.pids)
         out["postgres_server"] = cpu.Tree(postmaster)
     brokers = broker_pids(ctx.cfg.broker_url)
     if brokers:
         out["broker"] = cpu.Trees(brokers)
     return out
+
+
+def by_client(meter, sessions, roles, n) -> dict:
+    """The PostgreSQL sessions' CPU ms per call by the process each serves (`postgres_for_<role>_ms`,
+    idle included: the sessions use next to nothing idle)."""
+    tracked = meter.groups.get("postgres")
+    if tracked is None:
+        return {}
+    ticks = tracked.ticks_by(lambda pid: session_role(*sessions.clients.get(pid, (None, None)), roles))
+    return {f"postgres_for_{role}_ms": cpu.per_call_ms(cpu.seconds(ticks.get(role, 0)), n)
+            for role in (*CLIENT_ROLES, "other")}
+
+
+def session_role(client, client_parent, roles) -> str:
+    """Which of `roles` ({role: pid}: caller, worker_main, dispatcher) a session's client process
+    is, or a pool process of the worker's; else "other"."""
+    for role, pid in roles.items():
+        if pid is not None and client == pid:
+            return role
+    if client is not None and client_parent is not None and client_parent == roles.get("worker_main"):
+        return "worker_pool"
+    return "other"
+
+
+class Sessions:
+    """The sessions on the bench database but the bench's own, and the client process of each (its
+    pid and its parent's, found once by the session's client port)."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.clients = {}  # backend pid -> (client pid, its parent's pid), or (None, None)
+
+    def pids(self) -> list[int]:
+        rows = self.ctx.conn.execute("SELECT pid, client_port FROM pg_stat_activity WHERE datname = current_database() "
+                                     "AND backend_type = 'client backend'").fetchall()
+        own = _own_backends(self.ctx)
+        rows = [(pid, port) for pid, port in rows if pid not in own]
+        new = {pid: port for pid, port in rows if pid not in self.clients}
+        if new:
+            self.clients.update(client_processes(new))
+        return [pid for pid, _ in rows]
 
 
 def _postmaster(conn):
@@ -121,12 +167,20 @@ def _postmaster(conn):
     return None if stat is None else stat.ppid
 
 
-def backend_pids(ctx) -> list[int]:
-    """The server processes of the sessions on the bench database, but the bench's own."""
-    rows = ctx.conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                            "AND backend_type = 'client backend'").fetchall()
-    own = _own_backends(ctx)
-    return [pid for (pid,) in rows if pid not in own]
+def client_processes(ports) -> dict:
+    """{backend pid: (client pid, its parent's pid)} for {backend pid: the client's TCP port}: the
+    process that holds a socket on that port here ((None, None) if none is found)."""
+    import psutil
+
+    try:
+        holders = {c.laddr.port: c.pid for c in psutil.net_connections(kind="tcp") if c.laddr and c.pid}
+    except psutil.Error:
+        holders = {}
+    out = {}
+    for backend, port in ports.items():
+        stat = cpu.read_stat(holders[port]) if port in holders else None
+        out[backend] = (stat.pid, stat.ppid) if stat else (None, None)
+    return out
 
 
 def _own_backends(ctx) -> set:

@@ -81,6 +81,13 @@ DURABLE_TITLES = {
     "isolation_cost": "claim_due alone over {n_claim:,} due tasks of one biz_type, no limits (median of rounds)",
     **shards.TITLES,
 }
+# More tables of one scenario's runs, after its own: (scenario, title, headers, metrics).
+MORE_TABLES = (
+    ("durable_cpu", "durable_cpu: the PostgreSQL sessions' CPU ms per call, by the process each serves (idle included)",
+     ["caller", "worker main", "worker pool", "dispatcher", "other"],
+     ("postgres_for_caller_ms", "postgres_for_worker_main_ms", "postgres_for_worker_pool_ms",
+      "postgres_for_dispatcher_ms", "postgres_for_other_ms")),
+)
 PEER_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "schedule_per_s", "drain_per_s",
                 "idle_qps", "idle_cpu_pct")
 SCHEDULE_LABELS = {"raw_insert": "raw single-row INSERT", "single": "schedule(), due in 1 h (no NOTIFY)",
@@ -99,6 +106,7 @@ def aggregate(runs) -> dict:
     for scenario, paths in groups.items():
         metrics = {"idle": IDLE_METRICS, "schedule": SCHEDULE_METRICS, "defaults": DEFAULTS_METRICS,
                    **DURABLE_METRICS}.get(scenario, TIMED_METRICS)
+        metrics += tuple(m for sc, _, _, more in MORE_TABLES if sc == scenario for m in more)
         for path, rs in paths.items():
             cells = {m: summarize([r.get(m) for r in rs]) for m in metrics}
             out.setdefault(scenario, {})[path] = {m: s for m, s in cells.items() if s is not None}
@@ -164,6 +172,11 @@ def sections(result) -> list[tuple[str, list, list]]:
             out.append((title, ["variant", *DURABLE_HEADERS[scenario]],
                         [[DURABLE_LABELS.get(v, v), *[cell(s[scenario][v], m) for m in metrics]]
                          for v in DURABLE_LABELS if v in s[scenario]]))
+    for scenario, title, headers, metrics in MORE_TABLES:
+        if scenario in s:
+            rows = [[DURABLE_LABELS.get(v, v), *[cell(s[scenario][v], m) for m in metrics]]
+                    for v in DURABLE_LABELS if v in s[scenario]]
+            out.append((title, ["variant", *headers], rows))
     if "idle" in s:
         out.append((f"Idle cost ({cfg['n_idle']:,} tasks due in 1 h, {cfg['idle_seconds']:.0f} s window)",
                     ["path", "queries/s", "round trips/s", "xacts/s", "CPU %", "RSS MB"],

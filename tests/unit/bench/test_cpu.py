@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks import cpu, durable, report
 from benchmarks.config import BenchConfig
-from benchmarks.durable_cpu import broker_port, figures
+from benchmarks.durable_cpu import broker_port, figures, session_role
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -109,6 +109,25 @@ def test_a_reused_pid_is_another_process_and_one_gone_is_counted_as_gone():
     assert tracked.gone() == 1
 
 
+def test_tracked_processes_add_up_by_label():
+    listed = [[10, 11, 12], [10, 11, 12]]
+    tracked = cpu.Tracked(lambda: listed.pop(0))
+    tracked.start(table(line(10, utime=1), line(11, utime=1), line(12, utime=1)), started=50)
+    tracked.sample(table(line(10, utime=5), line(11, utime=11), line(12, utime=2)))
+
+    assert tracked.ticks_by(lambda pid: "pool" if pid in (10, 11) else "caller") == {"pool": 14, "caller": 1}
+
+
+def test_a_session_serves_the_process_holding_its_client_socket():
+    roles = {"caller": 100, "worker_main": 200, "dispatcher": None}
+
+    assert session_role(100, 1, roles) == "caller"
+    assert session_role(200, 1, roles) == "worker_main"
+    assert session_role(201, 200, roles) == "worker_pool"
+    assert session_role(300, 1, roles) == "other"
+    assert session_role(None, None, roles) == "other"
+
+
 def test_the_meter_reads_every_group_from_one_table_and_gives_seconds():
     tables = [table(line(10, utime=100), line(11, ppid=10, utime=50)),
               table(line(10, utime=150), line(11, ppid=10, utime=250))]
@@ -164,7 +183,8 @@ def runs_of_one_repeat(rep, durable_total, plain_total):
     common = {"scenario": "durable_cpu", "rep": rep, "missing": 0, "duplicates": 0}
     return [{**common, "path": "durable", "total_ms": durable_total, "total_with_broker_ms": durable_total + 0.3,
              "caller_ms": 0.4, "worker_main_ms": 1.0, "worker_pool_ms": 1.8, "dispatcher_ms": 0.5,
-             "postgres_ms": 1.4, "broker_ms": 0.3},
+             "postgres_ms": 1.4, "broker_ms": 0.3, "postgres_for_caller_ms": 0.6, "postgres_for_worker_main_ms": 0.1,
+             "postgres_for_worker_pool_ms": 0.5, "postgres_for_dispatcher_ms": 0.2, "postgres_for_other_ms": 0.0},
             {**common, "path": "celery_plain", "total_ms": plain_total, "total_with_broker_ms": plain_total + 0.3,
              "caller_ms": 0.3, "worker_main_ms": 0.8, "worker_pool_ms": 1.0, "postgres_ms": 0.3,
              "broker_ms": 0.3}]
@@ -184,8 +204,11 @@ def test_the_scenario_has_its_ratio_target_and_table():
     assert targets["durable_cpu: missing + duplicates = 0 (every run, both variants)"] == (0, True)
     result = {"summary": summary, "config": BenchConfig().public(), "ratios": ratios, "peers_summary": {},
               "targets": []}
-    tables = {title.split(":")[0]: rows for title, _, rows in report.sections(result)}
-    assert [row[0] for row in tables["durable_cpu"]] == ["DurableTask", "plain Celery message"]
+    tables = {title: rows for title, _, rows in report.sections(result)}
+    ours = [rows for title, rows in tables.items() if title.startswith("durable_cpu")]
+    assert len(ours) == 2  # the groups, and PostgreSQL's split by the process each session serves
+    assert [row[0] for row in ours[0]] == ["DurableTask", "plain Celery message"]
+    assert ours[1][0][1:] == ["0.60", "0.10", "0.50", "0.20", "0"]
 
 
 def test_the_options_refuse_a_negative_rate_or_idle_reading():
