@@ -183,6 +183,10 @@ class Tracked:
         """Processes seen once and gone at the last sample (what they used since their last sample is lost)."""
         return sum(1 for key in self.last if key not in self.present)
 
+    def processes(self) -> list[tuple[int, int, bool]]:
+        """(pid, ticks, gone at the last sample) of each process seen."""
+        return [(key[0], self.last[key] - self.first[key], key not in self.present) for key in self.last]
+
     def ticks_by(self, label_of) -> dict:
         """{label: ticks} of the processes by the label `label_of(pid)` gives each."""
         out = {}

@@ -126,9 +126,15 @@ def by_client(meter, sessions, roles, n) -> dict:
     tracked = meter.groups.get("postgres")
     if tracked is None:
         return {}
-    ticks = tracked.ticks_by(lambda pid: session_role(*sessions.clients.get(pid, (None, None)), roles))
-    return {f"postgres_for_{role}_ms": cpu.per_call_ms(cpu.seconds(ticks.get(role, 0)), n)
-            for role in (*CLIENT_ROLES, "other")}
+    def role(pid):
+        return session_role(*sessions.clients.get(pid, (None, None)), roles)
+
+    ticks = tracked.ticks_by(role)
+    out = {f"postgres_for_{name}_ms": cpu.per_call_ms(cpu.seconds(ticks.get(name, 0)), n)
+           for name in (*CLIENT_ROLES, "other")}
+    out["postgres_sessions"] = [{"backend": pid, "serves": role(pid), "cpu_s": cpu.seconds(used), "gone": gone}
+                                for pid, used, gone in tracked.processes()]
+    return out
 
 
 def session_role(client, client_parent, roles) -> str:

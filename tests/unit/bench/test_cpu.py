@@ -107,6 +107,7 @@ def test_a_reused_pid_is_another_process_and_one_gone_is_counted_as_gone():
 
     assert tracked.ticks() == 0 + 4  # the first one's use after the start was never seen
     assert tracked.gone() == 1
+    assert sorted(tracked.processes()) == [(10, 0, True), (10, 4, False)]
 
 
 def test_tracked_processes_add_up_by_label():
