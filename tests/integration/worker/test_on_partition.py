@@ -90,10 +90,9 @@ def test_a_row_moved_out_of_default_after_its_claim_is_found_through_the_parent(
     action_time = datetime(2001, 2, 3, 4, 5, tzinfo=UTC)
     claim = claim_one(at=action_time)
     assert claim.partition == "timeouts_task_default"
-    columns = partition_ddl.column_names(connection)
     name = "timeouts_task_d20010203"
     partition_ddl.create_partition(connection, name, action_time.replace(hour=0, minute=0),
-                                   action_time.replace(hour=0, minute=0) + timedelta(days=1), columns)
+                                   action_time.replace(hour=0, minute=0) + timedelta(days=1))
     try:
         assert partition_of(claim.job_id) == name
         with CaptureQueriesContext(connection) as captured:
