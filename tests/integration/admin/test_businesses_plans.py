@@ -16,8 +16,8 @@ from django.db import connection
 from benchmarks import admin_scenario
 from tests.integration.admin.test_plans import captured_sql, explain, nodes, partitioned_data, scans, sequential
 from timeouts import stats
-from timeouts.stats import per_biz_type, time_buckets
 from timeouts.models import TimeoutTask
+from timeouts.stats import per_biz_type, time_buckets
 from timeouts.store import clock
 from timeouts.store.queries import QUERIES
 

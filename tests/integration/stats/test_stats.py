@@ -11,8 +11,8 @@ from django.db import connection
 
 from tests.support.factories import move_to
 from timeouts import stats
-from timeouts.stats import whole_table
 from timeouts.models import TimeoutTask
+from timeouts.stats import whole_table
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(60)]
