@@ -5,10 +5,11 @@ under a biz_type prefix of its own.
 The core names none of them: it asks a biz_type's kind whether a handler may take the name
 (registry.handler), whether cancel(), limits() and the others accept it (registry.check_known),
 whether the claim returns the row's attribute, how its claims are published
-(dispatch/publishing.py), which Celery Request class its messages run through in a worker
-(worker/priority.py), and which of its biz_types this process knows (the admin's filter, the
-businesses page, timeouts_stats). An extension registers its kind when its module loads; the
-AppConfig loads timeouts' own before it discovers the project's handlers.
+(dispatch/publishing.py) and run in the calling process (timeouts.testing), which Celery Request
+class its messages run through in a worker (worker/priority.py), and which of its biz_types this
+process knows (the admin's filter, the businesses page, timeouts_stats). An extension registers
+its kind when its module loads; the AppConfig loads timeouts' own before it discovers the
+project's handlers.
 """
 
 from collections.abc import Callable, Iterable, Iterator
@@ -40,6 +41,10 @@ class Kind:
     # an ETA (claimed on time) to a free process before a backlog's (worker/priority.py). A path,
     # so that registering the kind loads nothing of Celery's worker where no worker runs.
     request_class: str | None = None
+    # run_in_process(claim): runs a claimed row in the calling process, on its connection and in its
+    # transaction, as a worker would (timeouts.testing.run_due); True if the work started. None:
+    # the claim runs as a handler's task does.
+    run_in_process: Callable[..., bool] | None = None
 
 
 _kinds: dict[str, Kind] = {}  # by prefix
