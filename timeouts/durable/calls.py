@@ -226,9 +226,14 @@ def run_in_process(claim) -> bool:
     return in_process.run(claim)
 
 
+# The Request class of DurableTask (its `Request`): the worker's main process starts a call claimed
+# ahead while its message waits for its eta (starts.py). Named, not imported: nothing here loads
+# the worker side.
+REQUEST_CLASS = "timeouts.durable.starts.StartingRequest"
 # Claimed calls come with their attribute, and go as their tasks' own messages.
 KIND = kinds.register(kinds.Kind(PREFIX, "DurableTask", "the Celery calls that timeouts.celery.DurableTask stores",
-                                 claim_returns_attribute=True, publish=publish_calls, run_in_process=run_in_process))
+                                 claim_returns_attribute=True, publish=publish_calls, run_in_process=run_in_process,
+                                 request_class=REQUEST_CLASS))
 
 
 def _readable(claim) -> dict:

@@ -5,13 +5,13 @@ instead of a broker or a worker's memory (importable as `timeouts.celery.Durable
     @app.task(base=DurableTask)                                    # or one task
 
 - `apply_async` (and `delay`, signatures, `retry`) with an `eta` or `countdown` that is not yet due,
-  by the caller's clock as Celery reckons it: the call becomes a row (celery_calls.py) in the
+  by the caller's clock as Celery reckons it: the call becomes a row (durable/calls.py) in the
   caller's transaction, and the usual AsyncResult comes back. Anything else, and Celery's own
   `celery.*` tasks (chord_unlock polls with a countdown): Celery's apply_async, unchanged.
 - At its time the row is claimed and the task's own message published, with the row's fence. The
   worker starts the task only if the message still owns the row's current attempt (the
   compare-and-set of `timeouts.run`, which the worker's main process runs while a message claimed
-  ahead waits for its eta: call_starts.py): a message published twice runs once, and a cancel
+  ahead waits for its eta: durable/starts.py): a message published twice runs once, and a cancel
   that returned True wins. The row then records the outcome: DONE when the task returned, raised
   Retry (the retry is a call of its own, with the same task_id) or Ignore; DEAD with the reason
   when it raised Reject or anything else, or Celery killed it at its hard time limit (Celery
@@ -47,8 +47,8 @@ TIMEOUTS_OWN = "timeouts."
 class DurableTask(Task):
     """A Celery task whose not-yet-due eta/countdown calls are stored durably by timeouts."""
 
-    #: The worker starts a call received ahead of its eta while the message waits (call_starts.py).
-    Request = "timeouts.durable.starts:StartingRequest"
+    #: The worker starts a call received ahead of its eta while the message waits (durable/starts.py).
+    Request = celery_calls.REQUEST_CLASS
 
     #: Seconds after which a started call whose worker stopped extending its lease (the worker
     #: died) counts as lost, and runs again. None: the call's hard time limit, if it has one,

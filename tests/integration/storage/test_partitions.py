@@ -94,9 +94,8 @@ def restore_partitions(request):
         for name in current().keys() - before.keys():
             cursor.execute(f'DROP TABLE "{name}"')
         cursor.execute("TRUNCATE timeouts_task")
-    columns = partition_ddl.column_names(connection)
     for name in before.keys() - current().keys():
-        partition_ddl.create_partition(connection, name, before[name].lower, before[name].upper, columns)
+        partition_ddl.create_partition(connection, name, before[name].lower, before[name].upper)
     assert current().keys() == before.keys()
 
 

@@ -66,9 +66,10 @@ A_PARTITION = "timeouts_task_d20260101"
 
 
 def _statements() -> dict[str, str]:
-    """Every query timeouts runs, by name: the named ones (derived variants included) and the
-    worker's updates as run on one partition."""
-    found = dict(queries.QUERIES)
+    """Every query timeouts runs, by name: the named ones (derived variants included, those that
+    name their partition with one filled in) and the worker's updates as run on one partition."""
+    found = {name: queries.on_partition(name, A_PARTITION) if name in queries.NAMING_A_PARTITION else text
+             for name, text in queries.QUERIES.items()}
     for name in sorted(queries.ON_PARTITION):
         found[f"{name}@partition"] = queries.on_partition(name, A_PARTITION)
     return found
