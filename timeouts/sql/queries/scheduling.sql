@@ -49,7 +49,8 @@ SELECT timeouts_notify_v1(%(channel)s, %(deadline)s, clock_timestamp() + %(horiz
 --
 -- Serialises on_conflict scheduling of one (biz_type, biz_id) until the transaction ends.
 -- Hash collisions only make two keys wait for each other; they never merge them.
-SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(%(biz_type)s || ':' || %(biz_id)s));
+-- Prepared (on schedule()'s path by default): the casts give its parameters their types.
+SELECT pg_advisory_xact_lock(%(namespace)s::integer, hashtext(%(biz_type)s::text || ':' || %(biz_id)s::text));
 
 
 -- name: waiting_tasks_for_key
@@ -58,3 +59,34 @@ SELECT * FROM timeouts_task
 WHERE biz_id = %(biz_id)s AND biz_type = %(biz_type)s AND status IN (:PENDING, :DISPATCHED)
 ORDER BY action_time, job_id
 FOR UPDATE;
+
+
+-- name: lock_biz_keys
+-- Takes the transaction-level advisory locks of many (biz_type, biz_id), in the order of their lock keys.
+--
+-- bulk_schedule()'s lock_biz_key, for all its keys in one round trip. Every caller takes its locks
+-- in the same order (the subquery's sort, which the outer query keeps: a subquery with ORDER BY is
+-- not pulled up, and the lock is taken per row after it), so two batches never deadlock on them.
+SELECT count(pg_advisory_xact_lock(%(namespace)s, lock_key))
+FROM (SELECT DISTINCT hashtext(key.biz_type || ':' || key.biz_id) AS lock_key
+      FROM unnest(%(biz_types)s::text[], %(biz_ids)s::text[]) AS key(biz_type, biz_id)
+      ORDER BY lock_key) AS ordered;
+
+
+-- name: waiting_tasks_for_keys
+-- Tasks of many keys that have not started yet (PENDING or DISPATCHED).
+SELECT job_id, action_time, biz_type, biz_id FROM timeouts_task
+WHERE (biz_type, biz_id) IN (SELECT * FROM unnest(%(biz_types)s::text[], %(biz_ids)s::text[]))
+  AND status IN (:PENDING, :DISPATCHED)
+ORDER BY biz_type, biz_id, action_time, job_id
+FOR UPDATE;
+
+
+-- name: cancel_waiting_tasks
+-- Cancels the tasks at these (job_id, action_time) that have not started: those bulk_schedule() replaces.
+UPDATE timeouts_task
+SET status = :CANCELLED, finished_at = c.now, modified_at = c.now, lease_until = NULL
+FROM (SELECT clock_timestamp() AS now) AS c
+WHERE (job_id, action_time) IN (SELECT * FROM unnest(%(job_ids)s::bigint[], %(action_times)s::timestamptz[]))
+  AND status IN (:PENDING, :DISPATCHED)
+RETURNING biz_type;
