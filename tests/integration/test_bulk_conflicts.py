@@ -3,9 +3,10 @@ its key in the batch, as schedule() calls one after the other would; in a few st
 the batch's size; and a conflict stores nothing."""
 
 import threading
+import time
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 import timeouts
@@ -118,3 +119,79 @@ def test_concurrent_batches_over_the_same_keys_keep_one_waiting_task_each_and_ne
     assert sum(created) == len(keys)
     found = TimeoutTask.objects.filter(status=Status.PENDING)
     assert found.count() == len(keys) == found.values("biz_id").distinct().count()
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_of_more_keys_than_the_lock_table_holds_still_settles_each_key():
+    """PostgreSQL's lock table holds some thousands of locks in all: a batch that locked each of its
+    keys would fail ("out of shared memory") past them. It locks its keys' buckets instead."""
+    keys = [f"many-{i}" for i in range(20_000)]
+    assert timeouts.bulk_schedule([item(key) for key in keys]) == len(keys)
+    with pytest.raises(timeouts.TaskConflict, match="item 0: test.record:many-0 "):
+        timeouts.bulk_schedule([item(key) for key in keys])
+    assert timeouts.bulk_schedule([item(key, on_conflict="keep") for key in keys] + [item("one-more")]) == 1
+    assert TimeoutTask.objects.count() == len(keys) + 1
+
+
+def wait_for_lock_wait(pids, timeout=30):
+    """Until one of the backends `pids` waits for an advisory lock."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s) AND wait_event_type = 'Lock' "
+                           "AND wait_event = 'advisory'", [list(pids)])
+            if cursor.fetchone()[0]:
+                return
+        time.sleep(0.05)
+    raise AssertionError("no call waited for the other's lock")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("by_bucket", [False, True], ids=["keys", "buckets"])
+@pytest.mark.parametrize("first", ["batch", "schedule"])
+def test_a_batch_and_a_schedule_of_one_key_wait_for_each_other(first, by_bucket, monkeypatch):
+    """Whichever locks the key first holds it until its transaction commits; the other then sees
+    its task and conflicts. Batches lock key by key, or (past MAX_KEY_LOCKS keys) bucket by bucket."""
+    from timeouts.store import scheduling
+
+    monkeypatch.setattr(scheduling, "MAX_KEY_LOCKS", 2 if by_bucket else 1024)
+    calls = {"batch": lambda: timeouts.bulk_schedule([item("a"), item("shared"), item("b")]),
+             "schedule": lambda: timeouts.schedule("test.record", "shared", delay=60)}
+    second = "schedule" if first == "batch" else "batch"
+    holding, release = threading.Event(), threading.Event()
+    pids, outcome = {}, {}
+
+    def run(name, hold):
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                pids[name] = cursor.fetchone()[0]
+            with transaction.atomic():
+                calls[name]()
+                if hold:
+                    holding.set()
+                    release.wait(30)
+            outcome[name] = "stored"
+        except timeouts.TaskConflict:
+            outcome[name] = "conflict"
+        except Exception as exc:  # pragma: no cover - reported below
+            outcome[name] = exc
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=run, args=(first, True))
+    holder.start()
+    assert holding.wait(30)
+    waiter = threading.Thread(target=run, args=(second, False))
+    waiter.start()
+    try:
+        while second not in pids:
+            time.sleep(0.01)
+        wait_for_lock_wait([pids[second]])
+    finally:
+        release.set()
+        holder.join(30)
+        waiter.join(30)
+    assert outcome == {first: "stored", second: "conflict"}
+    assert len(waiting("shared")) == 1

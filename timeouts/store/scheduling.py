@@ -11,6 +11,12 @@ committed. bulk_schedule() takes the locks of all its keys in one statement, in 
 caller follows (so two batches never wait for each other in a circle), reads the waiting tasks of
 all of them in one statement, and settles each key in the order of the batch (_settle()): an item
 meets the key's waiting task, or an earlier item of the same key, as schedule() would.
+
+Each lock is an entry of PostgreSQL's shared lock table, which holds some thousands in all
+(max_locks_per_transaction per connection) and refuses more with "out of shared memory". So a
+key's lock comes after a shared lock on its bucket, one of KEY_BUCKETS, and a batch of more than
+MAX_KEY_LOCKS keys locks the buckets of its keys instead, exclusively: whatever its size, it holds
+at most that many entries, and it still excludes every other caller on its keys.
 """
 
 from collections import Counter
@@ -33,8 +39,25 @@ from timeouts.store.queries import execute, fetch_dicts, fetch_one, fetch_values
 from timeouts.store.serialization import retry_on_conflict
 from timeouts.validation import DEFAULT_ON_CONFLICT
 
-# First key of the two-key advisory lock, so our locks cannot collide with the host's one-key locks.
+# First key of the two-key advisory locks, so our locks cannot collide with the host's one-key
+# locks: one namespace for the keys, one for their buckets.
 ADVISORY_LOCK_NAMESPACE = 0x74696D65  # "time"
+BUCKET_LOCK_NAMESPACE = 0x74696D62  # "timb"
+# A key's bucket: the low bits of its lock's hash (a power of two, so a mask).
+KEY_BUCKETS = 64
+# The most keys a batch locks one by one; a larger batch locks their buckets.
+MAX_KEY_LOCKS = 1024
+
+
+def lock_params() -> dict:
+    """The advisory locks' namespaces, for lock_biz_key and lock_biz_keys."""
+    return {"namespace": ADVISORY_LOCK_NAMESPACE, "bucket_namespace": BUCKET_LOCK_NAMESPACE,
+            "bucket_mask": KEY_BUCKETS - 1}
+
+
+def lock_key(key: dict, connection) -> None:
+    """The lock of one (biz_type, biz_id), until the transaction ends."""
+    execute("lock_biz_key", {**lock_params(), **key}, using=connection).close()
 
 COPY_COLUMNS = ("biz_type", "biz_id", "action_time", "run_at", "attribute", "max_attempts", "ttr")
 
@@ -112,7 +135,7 @@ def _schedule_keyed(model, new: NewTask, where: shards.Place):
     using = where.alias
     connection = connections[using]
     key = {"biz_type": new.biz_type, "biz_id": new.biz_id}
-    execute("lock_biz_key", {"namespace": ADVISORY_LOCK_NAMESPACE, **key}, using=connection).close()
+    lock_key(key, connection)
     waiting = fetch_dicts("waiting_tasks_for_key", key, using=connection)
     if waiting:
         if new.on_conflict == "error":
@@ -201,7 +224,8 @@ def _bulk_schedule_on(model, alias, placed) -> int:
     waiting: dict[tuple[str, str], list[dict]] = {}
     if keys:
         params = {"biz_types": [biz_type for biz_type, _ in keys], "biz_ids": [biz_id for _, biz_id in keys]}
-        execute("lock_biz_keys", {"namespace": ADVISORY_LOCK_NAMESPACE, **params}, using=connection).close()
+        execute("lock_biz_keys", {**lock_params(), **params, "by_bucket": len(keys) > MAX_KEY_LOCKS},
+                using=connection).close()
         rows = retry_on_conflict(partial(fetch_dicts, "waiting_tasks_for_keys", params, using=connection), using=alias)
         for row in rows:
             waiting.setdefault((row["biz_type"], row["biz_id"]), []).append(row)

@@ -23,8 +23,8 @@ from timeouts.conf import notify_params
 from timeouts.registry import check_known
 from timeouts.states import CANCELLABLE, REQUEUEABLE, WAITING
 from timeouts.storage import shards
-from timeouts.store.queries import execute, fetch_dicts, fetch_one
-from timeouts.store.scheduling import ADVISORY_LOCK_NAMESPACE
+from timeouts.store.queries import fetch_dicts, fetch_one
+from timeouts.store.scheduling import lock_key
 from timeouts.store.serialization import retry_on_conflict
 
 MOVES_FOLLOWED = 3
@@ -100,7 +100,7 @@ def requeue_by_key(biz_type, biz_id, *, using=None) -> bool:
     def requeue_latest():
         # savepoint=False: inside the caller's transaction, retry_on_conflict() has opened the savepoint.
         with transaction.atomic(using=using, savepoint=False):
-            execute("lock_biz_key", {"namespace": ADVISORY_LOCK_NAMESPACE, **key}, using=connection).close()
+            lock_key(key, connection)
             return fetch_one("requeue_latest_of_key", {**key, **notify_params()}, using=connection)
 
     return retry_on_conflict(requeue_latest, using=using) is not None
