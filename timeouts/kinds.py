@@ -5,9 +5,10 @@ under a biz_type prefix of its own.
 The core names none of them: it asks a biz_type's kind whether a handler may take the name
 (registry.handler), whether cancel(), limits() and the others accept it (registry.check_known),
 whether the claim returns the row's attribute, how its claims are published
-(dispatch/publishing.py), and which of its biz_types this process knows (the admin's filter, the
-businesses page, timeouts_stats). An extension registers its kind when its module loads; the
-AppConfig loads timeouts' own before it discovers the project's handlers.
+(dispatch/publishing.py) and run in the calling process (timeouts.testing), and which of its
+biz_types this process knows (the admin's filter, the businesses page, timeouts_stats). An
+extension registers its kind when its module loads; the AppConfig loads timeouts' own before it
+discovers the project's handlers.
 """
 
 from collections.abc import Callable, Iterable, Iterator
@@ -33,6 +34,10 @@ class Kind:
     # or the network (the caller then gives every claim back). None: the claims run as handlers'
     # tasks do, in `timeouts.run` messages.
     publish: Callable[..., Iterator] | None = None
+    # run_in_process(claim): runs a claimed row in the calling process, on its connection and in its
+    # transaction, as a worker would (timeouts.testing.run_due); True if the work started. None:
+    # the claim runs as a handler's task does.
+    run_in_process: Callable[..., bool] | None = None
 
 
 _kinds: dict[str, Kind] = {}  # by prefix

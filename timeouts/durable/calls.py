@@ -1,5 +1,6 @@
 """Calls of Celery tasks kept in `timeouts_task` until they are due: the producer side of
-`timeouts.celery.DurableTask` (storing a call, publishing it when it is claimed, cancelling it).
+`timeouts.celery.DurableTask` (storing a call, publishing it when it is claimed, cancelling it;
+in_process.py runs a claimed one in the calling process instead).
 
 A call is one row: biz_type `celery:<task name>` (see `biz_type_for`), biz_id the Celery task_id,
 attribute the call as JSON (`store`). When the row is claimed, `publish_calls` sends the
@@ -194,27 +195,41 @@ def publish_calls(app, claims, producer, retry_policy, eta_headroom):
     at a later claim. A claim ahead of time goes with a Celery ETA `eta_headroom` before its run_at
     (protocol.ETA_HEADROOM)."""
     for claim in claims:
-        try:
-            call = _readable(claim)
-            message = None if _expired(app, claim, call) else _message(app, claim, call, eta_headroom)
-        except TRANSIENT_ERRORS:
-            raise
-        except Exception as exc:
-            # The call itself (its stored content, or a router that refuses it): given back, it
-            # would fail again at every claim. An operator may requeue it once that is fixed.
-            logger.exception("timeouts: the message of claimed call job %s cannot be made", claim.job_id)
-            end_claim(claim.shard, claim.job_id, claim.action_time, Status.DEAD, f"its message cannot be made: {exc!r}")
-            message = None
-        if message is not None:
-            name, message, options = message
+        made = claimed_message(app, claim, eta_headroom)
+        if made is not None:
+            name, message, options = made
             app.amqp.send_task_message(producer, name, message, serializer="json", retry=True,
                                        retry_policy=retry_policy, **options)
         yield claim
 
 
+def claimed_message(app, claim, eta_headroom):
+    """The claimed call's own message, (name, message, send options); or None, its row ended with
+    the reason: CANCELLED if it expired, DEAD if its message can never be made. A fault of the
+    database, the broker or the network is raised."""
+    try:
+        call = _readable(claim)
+        return None if _expired(app, claim, call) else _message(app, claim, call, eta_headroom)
+    except TRANSIENT_ERRORS:
+        raise
+    except Exception as exc:
+        # The call itself (its stored content, or a router that refuses it): given back, it
+        # would fail again at every claim. An operator may requeue it once that is fixed.
+        logger.exception("timeouts: the message of claimed call job %s cannot be made", claim.job_id)
+        end_claim(claim.shard, claim.job_id, claim.action_time, Status.DEAD, f"its message cannot be made: {exc!r}")
+        return None
+
+
+def run_in_process(claim) -> bool:
+    """The claimed call, run in this process as a worker runs its message (in_process.py)."""
+    from timeouts.durable import in_process
+
+    return in_process.run(claim)
+
+
 # Claimed calls come with their attribute, and go as their tasks' own messages.
 KIND = kinds.register(kinds.Kind(PREFIX, "DurableTask", "the Celery calls that timeouts.celery.DurableTask stores",
-                                 claim_returns_attribute=True, publish=publish_calls))
+                                 claim_returns_attribute=True, publish=publish_calls, run_in_process=run_in_process))
 
 
 def _readable(claim) -> dict:

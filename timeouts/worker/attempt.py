@@ -13,6 +13,10 @@ recovery moves the task on, as when the worker is killed.
 
 What differs between kinds of work (a handler, a stored Celery call) is a `Kind`: how the body is
 called, which statement records its ending, and what counts as an error.
+
+In the caller's process (an eager task, timeouts.testing.run_due) the attempt's statements go to
+Django's connection, maybe inside the caller's transaction: no heartbeat then, and the body runs in
+a savepoint of that transaction, so that a database error of its own leaves the ending writable.
 """
 
 import logging
@@ -20,10 +24,12 @@ import random
 import sys
 import time
 import traceback
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import NamedTuple
 
 from celery.exceptions import WorkerShutdown, WorkerTerminate
+from django.db import transaction
+from psycopg.pq import TransactionStatus
 
 from timeouts import events
 from timeouts.models import TimeoutTask
@@ -119,8 +125,9 @@ def run(kind: Kind, fence: Fence, lease_extra: float = 0.0, previous: Done | Non
     outcome or None, its Done or None)."""
     with kind.database(fence):
         db = worker_connection.current()
+        in_callers_process, in_transaction = not worker_connection.is_own(db), db.in_atomic_block
         # Inside a host's transaction (an eager task) a missing partition would abort it: no shortcut.
-        partition = fence.partition if is_partition_name(fence.partition) and not db.in_atomic_block else None
+        partition = fence.partition if is_partition_name(fence.partition) and not in_transaction else None
         shard = db.alias
         previous_outcome = None
         if fence.started is not None:
@@ -133,11 +140,15 @@ def run(kind: Kind, fence: Fence, lease_extra: float = 0.0, previous: Done | Non
     if task is None:
         return previous_outcome, kind.dropped(fence), None
     faults.fault("run.after_start")
-    lease = leases.heartbeat.add(shard, fence.key, fence.attempt, task.ttr) if kind.keeps_lease() else None
+    # In the caller's process the body ends before the caller goes on, and the heartbeat's own
+    # connection could not see a row of the caller's transaction (or would wait for it).
+    keeps_lease = kind.keeps_lease() and not in_callers_process
+    lease = leases.heartbeat.add(shard, fence.key, fence.attempt, task.ttr) if keeps_lease else None
     try:
         kind.ready(task, fence)
         events.started(task, fence.attempt)
-        kind.call(task, fence)
+        with _apart(db) if in_transaction else nullcontext():
+            kind.call(task, fence)
     except BaseException as exc:
         if stops_the_worker(exc):
             raise
@@ -152,6 +163,30 @@ def run(kind: Kind, fence: Fence, lease_extra: float = 0.0, previous: Done | Non
     finally:  # also when the worker is stopping: the lease then runs out
         leases.heartbeat.remove(lease)
     return previous_outcome, None, Done(kind, task, fence, partition)
+
+
+@contextmanager
+def _apart(db):
+    """The body inside the caller's transaction (an eager task, timeouts.testing.run_due), in a
+    savepoint: a database error of its own rolls back to there, and the caller's transaction, in
+    which the attempt's ending is then written, goes on. Any other error keeps what the body wrote,
+    as it would outside a transaction."""
+    failure = None
+    with transaction.atomic(using=db.alias):
+        try:
+            yield
+        except BaseException as exc:
+            if db.needs_rollback or _aborted(db):
+                raise
+            failure = exc
+    if failure is not None:
+        raise failure
+
+
+def _aborted(db) -> bool:
+    """Whether a statement failed in `db`'s transaction, which then refuses any other."""
+    connection = db.connection
+    return connection is not None and connection.info.transaction_status == TransactionStatus.INERROR
 
 
 def finish(done: Done) -> str:
@@ -227,6 +262,23 @@ def start_ahead(key: dict, attempt: int, partition: str | None, ahead: float):
     waiting for run_at (durable/starts.py): the row with database_now, or None if it is refused
     (stale, cancelled, or due later than that)."""
     return attempts.start(key, attempt, partition, 0.0, ahead)
+
+
+def start_now(fence: Fence, database_now) -> Fence | None:
+    """The fence of an attempt that its caller runs at once, whatever its run_at: as it is if its
+    run_at has come by `database_now` (the database clock); else with its start recorded ahead
+    (start_ahead), which run() confirms and then runs the body without waiting, as for a start the
+    worker's main process recorded. timeouts.testing.run_due runs so what is due by a later time.
+    The row records the start at run_at, as any start ahead: never before. None: the start was
+    refused (stale, or cancelled)."""
+    if fence.run_at is None or fence.run_at <= database_now:
+        return fence
+    ahead = (fence.run_at - database_now).total_seconds()  # the start's clock reads database_now or later
+    row = start_ahead(fence.key, fence.attempt, None, ahead)
+    if row is None:
+        return None
+    del row["database_now"]
+    return fence.with_started({"row": row, "not_before": time.monotonic()})
 
 
 def confirm_start(key: dict, attempt: int, partition: str | None = None) -> bool:

@@ -34,6 +34,8 @@ MIGRATED = {
     "0001_notify_reverse.sql": "55011e5005309992ce597e8a06de4556fef892ce04b0f238d56f2224dd6b8a5b",
     "0001_tasks.sql": "f21155a5630581ea16530054c2d9471417e35c3bb150fb52706ceee31f8c32ac",
     "0001_tasks_reverse.sql": "3365fbd341a44f8052280f87b0a5013ef8c636ed7969312bcd7f531fb917a0a5",
+    "0002_last_claims.sql": "beae14cbd3a86f681d1a98b972af26b923311c522ebf577c487c54618d2d639a",
+    "0002_last_claims_reverse.sql": "49ce3707ea3448bb7a833c9dece3c3eece1fd686b3244d19ce7a4cb038a67097",
 }
 
 
