@@ -19,6 +19,7 @@ import timeouts.errors
 import timeouts.events
 import timeouts.metrics
 from timeouts.models import TimeoutTask, TimeoutTaskManager, TimeoutTaskQuerySet
+from timeouts.testing import run_due
 
 
 @timeouts.handler("order.close", queue="orders", max_attempts=3, ttr=30, rate_limit=10.5, concurrency=2)
@@ -149,6 +150,11 @@ def on_task_event(sender: object, event: str, biz_type: str, count: int, latenes
 
 
 timeouts.events.task_event.connect(on_task_event)
+
+
+def a_test() -> None:
+    assert_type(run_due(), int)
+    assert_type(run_due(until=datetime.now(UTC) + timedelta(hours=1), biz_type="order.close"), int)
 
 
 def metrics(request: HttpRequest) -> HttpResponse:

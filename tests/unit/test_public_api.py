@@ -10,7 +10,7 @@ import pytest
 import timeouts
 
 PUBLIC_MODULES = ("timeouts", "timeouts.celery", "timeouts.backends", "timeouts.models", "timeouts.errors",
-                  "timeouts.events", "timeouts.metrics")
+                  "timeouts.events", "timeouts.metrics", "timeouts.testing")
 ASYNC_TWINS = {"aschedule": "schedule", "abulk_schedule": "bulk_schedule", "acancel": "cancel",
                "areschedule": "reschedule", "arequeue": "requeue"}
 
