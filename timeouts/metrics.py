@@ -46,11 +46,13 @@ from dataclasses import dataclass, replace
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 
 from timeouts import events, stats
 from timeouts.storage import shards
 from timeouts.store import clock
+
+__all__ = ["metrics_view"]
 
 logger = logging.getLogger(__name__)
 
@@ -257,7 +259,7 @@ def exposition(using=None) -> bytes:
     return prometheus_client.generate_latest(registry)
 
 
-def metrics_view(request):
+def metrics_view(request: HttpRequest) -> HttpResponse:
     """Add to the host's urls, e.g. path("metrics/timeouts", timeouts.metrics.metrics_view); restrict
     who can reach it (network policy, or wrap it in a view that checks a token)."""
     if prometheus_client is None:

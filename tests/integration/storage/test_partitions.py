@@ -401,8 +401,9 @@ def test_claim_query_prunes_future_partitions_and_uses_the_due_index():
     now = datetime.now(UTC)
     with settings(PARTITIONS_AHEAD=6):
         partitions.maintain()
-    items = [{"biz_type": "test.record", "biz_id": str(i), "at": now + timedelta(hours=i)} for i in range(-12, 24 * 6)]
-    TimeoutTask.objects.bulk_schedule(items * 20)
+    items = [{"biz_type": "test.record", "biz_id": str(i), "at": now + timedelta(hours=i), "on_conflict": None}
+             for i in range(-12, 24 * 6)]
+    TimeoutTask.objects.bulk_schedule(items * 20)  # twenty tasks of each key
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE timeouts_task")
         cursor.execute("BEGIN")

@@ -48,6 +48,8 @@ NOTIFY_IN_RETURNING = {
     "insert_task_autocommit": "pg_notify",
     "reschedule_task": "timeouts_notify_v1",
     "requeue_task": "timeouts_notify_v1",
+    "reschedule_by_key": "timeouts_notify_v1",
+    "requeue_latest_of_key": "timeouts_notify_v1",
     "release_claims": "timeouts_notify_v1",
     "give_back_call_starts": "timeouts_notify_v1",
     "fail_task": "timeouts_notify_v1",
