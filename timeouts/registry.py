@@ -4,6 +4,7 @@ import functools
 import inspect
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
@@ -39,6 +40,9 @@ async def _awaited(coroutine):
     return await coroutine
 
 
+# A handler function, whatever its signature: @timeouts.handler gives it back unchanged.
+HandlerFunc = TypeVar("HandlerFunc", bound=Callable[..., Any])
+
 _handlers: dict[str, Handler] = {}
 kinds.handler_names = _handlers.keys  # a kind registered later must not take a handler's name
 
@@ -49,7 +53,9 @@ def check_biz_type(biz_type) -> str:
     return biz_type
 
 
-def handler(biz_type, *, queue=None, max_attempts=None, ttr=None, rate_limit=None, concurrency=None):
+def handler(biz_type: str, *, queue: str | None = None, max_attempts: int | None = None, ttr: int | None = None,
+            rate_limit: float | None = None, concurrency: int | None = None
+            ) -> Callable[[HandlerFunc], HandlerFunc]:
     """Register the decorated function as the handler of `biz_type`.
 
     The function receives the `TimeoutTask` (status RUNNING). Returning marks it DONE; raising
@@ -82,7 +88,7 @@ def handler(biz_type, *, queue=None, max_attempts=None, ttr=None, rate_limit=Non
         raise ImproperlyConfigured(f"handler {biz_type!r}: queue must be a non-empty string, got {queue!r}")
     rate_limit, concurrency = _limits(biz_type, rate_limit, concurrency)
 
-    def register(func):
+    def register(func: HandlerFunc) -> HandlerFunc:
         _check_runnable(biz_type, func)
         new = Handler(biz_type, func, queue, max_attempts, ttr, rate_limit, concurrency)
         old = _handlers.get(biz_type)

@@ -63,6 +63,26 @@ def test_without_prometheus_client_the_metrics_view_says_which_extra_to_install(
     assert out.startswith("501 ") and 'pip install "django-timeouts[prometheus]"' in out, out
 
 
+def test_without_prometheus_client_what_needs_it_raises_improperly_configured_naming_the_extra():
+    out = run(("prometheus_client",), """
+        from django.core.exceptions import ImproperlyConfigured
+        from timeouts import metrics
+        metrics.connect()  # counts nothing, raises nothing: every process calls it at start-up
+        for ask in (metrics.exposition, lambda: metrics.exposition(using="default"), metrics.DatabaseCollector,
+                    lambda: metrics.record("started", "order.close", lateness=0.1),
+                    lambda: metrics.record("done", "order.close")):
+            try:
+                ask()
+            except ImproperlyConfigured as exc:
+                print(exc)
+            else:
+                raise AssertionError("ImproperlyConfigured was expected")
+    """)
+    lines = out.splitlines()
+    assert len(lines) == 5 and all('pip install "django-timeouts[prometheus]"' in line for line in lines), out
+    assert "prometheus_client" in lines[0]
+
+
 def test_without_opentelemetry_tracing_is_a_no_op_and_imports_nothing():
     out = run(("opentelemetry",), """
         import sys

@@ -17,6 +17,7 @@ import logging
 import math
 import re
 from datetime import datetime, timedelta
+from typing import Protocol
 
 import psycopg
 from celery.utils.nodenames import anon_nodename
@@ -226,9 +227,14 @@ def run_in_process(claim) -> bool:
     return in_process.run(claim)
 
 
+# The Request class of DurableTask (its `Request`): the worker's main process starts a call claimed
+# ahead while its message waits for its eta (starts.py). Named, not imported: nothing here loads
+# the worker side.
+REQUEST_CLASS = "timeouts.durable.starts.StartingRequest"
 # Claimed calls come with their attribute, and go as their tasks' own messages.
 KIND = kinds.register(kinds.Kind(PREFIX, "DurableTask", "the Celery calls that timeouts.celery.DurableTask stores",
-                                 claim_returns_attribute=True, publish=publish_calls, run_in_process=run_in_process))
+                                 claim_returns_attribute=True, publish=publish_calls, run_in_process=run_in_process,
+                                 request_class=REQUEST_CLASS))
 
 
 def _readable(claim) -> dict:
@@ -289,8 +295,17 @@ def _message(app, claim, call, eta_headroom):
 
 # --- Cancelling -----------------------------------------------------------------------------------
 
-def cancel(task_id) -> bool:
-    """Cancel every call of `task_id` still waiting; True means none of them will ever start."""
+class _Identified(Protocol):
+    """What carries a task_id: Celery's AsyncResult."""
+
+    @property
+    def id(self) -> str: ...
+
+
+def cancel(task_id: str | _Identified) -> bool:
+    """Cancel every call of `task_id` (a Celery task_id, or its AsyncResult) still waiting; True
+    means none of them will ever start. Inside `transaction.atomic()` the cancel is part of that
+    transaction."""
     if not isinstance(task_id, str):
         task_id = getattr(task_id, "id", task_id)  # an AsyncResult
     task_id = validation.biz_id(task_id)
