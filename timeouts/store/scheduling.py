@@ -29,7 +29,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from timeouts import events, validation
+from timeouts import events, tracing, validation
 from timeouts.conf import get_settings, notify_params
 from timeouts.errors import TaskConflict, TimeoutsError
 from timeouts.registry import get_handler
@@ -59,7 +59,7 @@ def lock_key(key: dict, connection) -> None:
     """The lock of one (biz_type, biz_id), until the transaction ends."""
     execute("lock_biz_key", {**lock_params(), **key}, using=connection).close()
 
-COPY_COLUMNS = ("biz_type", "biz_id", "action_time", "run_at", "attribute", "max_attempts", "ttr")
+COPY_COLUMNS = ("biz_type", "biz_id", "action_time", "run_at", "attribute", "max_attempts", "ttr", "trace_context")
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,8 @@ class NewTask:
     on_conflict: str | None
 
     def params(self, slot: int | None = None):
-        """insert_task's parameters; `slot`: the task's (shards.place()), by default its biz_id's."""
+        """insert_task's parameters; `slot`: the task's (shards.place()), by default its biz_id's. With
+        the trace context of the caller, now (tracing.py)."""
         return {
             "slot": shards.slot_of(self.biz_id) if slot is None else slot,
             "biz_type": self.biz_type,
@@ -84,6 +85,7 @@ class NewTask:
             "attribute": self.attribute,
             "max_attempts": self.max_attempts,
             "ttr": self.ttr,
+            "trace_context": tracing.stored_context(),
             **notify_params(),
         }
 
@@ -282,11 +284,13 @@ def _copy(rows, connection):
         # One reading of the database clock for the whole batch.
         now = fetch_one("database_now", using=connection)["now"]
     job_ids = _job_ids(connection, [where.slot for _, where in rows])
+    trace_context = tracing.stored_context()  # the caller's, the same for the whole batch
     statement = f"COPY timeouts_task ({', '.join(('job_id', *COPY_COLUMNS))}) FROM STDIN"
     with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
         for (new, _), job_id in zip(rows, job_ids, strict=True):
             at = new.at if new.delay is None else now + new.delay
-            copy.write_row((job_id, new.biz_type, new.biz_id, at, at, new.attribute, new.max_attempts, new.ttr))
+            copy.write_row((job_id, new.biz_type, new.biz_id, at, at, new.attribute, new.max_attempts, new.ttr,
+                            trace_context))
             earliest = at if earliest is None else min(earliest, at)
     return earliest
 

@@ -28,10 +28,10 @@ from contextlib import contextmanager, nullcontext
 from typing import NamedTuple
 
 from celery.exceptions import WorkerShutdown, WorkerTerminate
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, transaction
 from psycopg.pq import TransactionStatus
 
-from timeouts import events
+from timeouts import events, tracing
 from timeouts.models import TimeoutTask
 from timeouts.protocol import Fence
 from timeouts.store import attempts, worker_connection
@@ -144,16 +144,26 @@ def run(kind: Kind, fence: Fence, lease_extra: float = 0.0, previous: Done | Non
     # connection could not see a row of the caller's transaction (or would wait for it).
     keeps_lease = kind.keeps_lease() and not in_callers_process
     lease = leases.heartbeat.add(shard, fence.key, fence.attempt, task.ttr) if keeps_lease else None
+    span = tracing.run_started(task, fence, task._trace_context)  # None unless tracing is on
     try:
-        kind.ready(task, fence)
-        events.started(task, fence.attempt)
-        with _apart(db) if in_transaction else nullcontext():
-            kind.call(task, fence)
+        with tracing.active(span):
+            kind.ready(task, fence)
+            events.started(task, fence.attempt)
+            with _apart(db) if in_transaction else nullcontext():
+                kind.call(task, fence)
     except BaseException as exc:
         if stops_the_worker(exc):
+            tracing.run_ended(span, "stopped")
             raise
         leases.heartbeat.remove(lease)
-        outcome = _record(Done(kind, task, fence, partition, kind.ending(task, exc)))
+        ending = kind.ending(task, exc)
+        if ending.outcome != "done":  # a stored call's Celery Retry or Ignore is no failure
+            tracing.run_failed(span, exc)
+        outcome = None
+        try:
+            outcome = _record(Done(kind, task, fence, partition, ending))
+        finally:
+            tracing.run_ended(span, outcome)
         if kind.reraises:
             raise
         # Any BaseException is the body's failure too; returning its outcome keeps the pool process
@@ -162,6 +172,7 @@ def run(kind: Kind, fence: Fence, lease_extra: float = 0.0, previous: Done | Non
         return previous_outcome, outcome, None
     finally:  # also when the worker is stopping: the lease then runs out
         leases.heartbeat.remove(lease)
+    tracing.run_ended(span, "done")
     return previous_outcome, None, Done(kind, task, fence, partition)
 
 
@@ -226,8 +237,7 @@ def _finish_then_start(previous: Done, fence: Fence, lease_extra: float, partiti
         finish(previous)
         raise
     faults.fault("run.after_done")
-    task = TimeoutTask._from_row(row) if row is not None else start(fence.key, fence.attempt, lease_extra,
-                                                                        partition, ahead)
+    task = _started(row) if row is not None else start(fence.key, fence.attempt, lease_extra, partition, ahead)
     return task, _recorded(previous, {} if finished else None)  # a DONE's outcome reads nothing of its row
 
 
@@ -246,7 +256,7 @@ def start(key: dict, attempt: int, lease_extra: float = 0.0, partition: str | No
             early = (row["run_at"] - row["database_now"]).total_seconds()
             if early > 0:
                 time.sleep(early)
-            return TimeoutTask._from_row(row)
+            return _started(row)
         state = attempts.state(key)
         if state is None or state["status"] != TimeoutTask.Status.DISPATCHED or state["attempts"] != attempt - 1:
             return None
@@ -292,7 +302,15 @@ def _confirmed(fence: Fence, partition, shard):
     may be long past: the message may have waited for a pool process."""
     if not confirm_start(fence.key, fence.attempt, partition):
         return None
-    return TimeoutTask._from_row(fence.started["row"], using=shard)
+    return _started(fence.started["row"], using=shard)
+
+
+def _started(row: dict, using=DEFAULT_DB_ALIAS) -> TimeoutTask:
+    """The task of a start's row. The trace context stored with it (tracing.py), a column the model
+    does not declare, goes along for the attempt's span."""
+    task = TimeoutTask._from_row(row, using)
+    task._trace_context = row.get("trace_context")
+    return task
 
 
 # --- Errors -----------------------------------------------------------------------------------------
