@@ -126,12 +126,11 @@ def fill(connection, rows, *, now=None, rebuild_indexes=True, log=_say) -> dict:
     now = now or datetime.now(UTC)
     today = partitions.bucket_start(now, "day")
     days = [today + timedelta(days=d) for d in range(-DAYS_BACK, DAYS_AHEAD + 1)]
-    columns = partition_ddl.column_names(connection)
     existing = {p.lower for p in partitions.list_partitions(connection)}
     for day in days:
         if day not in existing:
             partition_ddl.create_partition(connection, partitions.partition_name(day, "day"), day,
-                                           day + timedelta(days=1), columns)
+                                           day + timedelta(days=1))
     timings = {}
     with connection.cursor() as cursor:
         cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() "

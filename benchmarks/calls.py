@@ -9,10 +9,16 @@ DurableTask's and plain Celery's alike, are made here, on the project's Celery a
 
 With --eta the due times are `due_times("spread", ...)` from a base `lead` seconds ahead, in random
 order; the body gets (key, due time) and records both. With --countdown every call has that
-countdown. --probe K first sends K calls due almost at once (negative keys) and waits until they
+countdown (0: none, a plain message). --rate R makes the calls at R per second instead of as fast
+as they go. --probe K first sends K calls due almost at once (negative keys) and waits until they
 ran: the path from apply_async() to the worker is warm before the measured calls. Prints one JSON
 line: the base of the due times (ISO), calls per second, and the calls that returned after their
 due time.
+
+With --hold, the process says `ready` (a line) once it is set up and warm, makes its calls when a
+line comes on its standard input, prints its JSON line, and exits when its standard input closes:
+whoever measures its CPU time and its database session's sees both from before the first call to
+after the last call ran.
 """
 
 import argparse
@@ -36,6 +42,8 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--probe", type=int, default=0)
     parser.add_argument("--probe-timeout", type=float, default=90.0)
+    parser.add_argument("--rate", type=float, default=0.0, help="calls per second (0: as fast as they go)")
+    parser.add_argument("--hold", action="store_true", help="wait for a line before the calls, and for EOF after")
     args = parser.parse_args(argv)
 
     import django
@@ -70,6 +78,9 @@ def main(argv=None):
 
     if args.probe:
         _probe(probe, args.probe, args.probe_timeout)
+    if args.hold:
+        _say("ready")
+        sys.stdin.readline()
 
     base = datetime.now(UTC) + timedelta(seconds=args.lead)
     if args.countdown is None:
@@ -77,9 +88,13 @@ def main(argv=None):
     else:
         times = [datetime.now(UTC) + timedelta(seconds=args.countdown)] * args.n
     progress = Progress(f"{args.task}: {args.n:,} calls", args.n)
-    over = 0
+    over, behind = 0, 0.0
     started = time.perf_counter()
     for key, at in enumerate(times):
+        if args.rate > 0:
+            behind = max(behind, _pace(started + key / args.rate))
+            if args.countdown is not None:
+                at = datetime.now(UTC) + timedelta(seconds=args.countdown)
         call(key, at)
         if args.countdown is None and time.time() > at.timestamp():
             over += 1
@@ -87,9 +102,24 @@ def main(argv=None):
             progress.update(key)
     seconds = time.perf_counter() - started
     progress.finish(args.n)
-    print(json.dumps({"base": base.isoformat(), "n": args.n, "sched_per_s": round(args.n / seconds),
-                      "sched_overrun": over}))
+    _say(json.dumps({"base": base.isoformat(), "n": args.n, "sched_per_s": round(args.n / seconds),
+                     "sched_overrun": over, "sched_behind_ms": round(behind * 1000.0, 1)}))
+    if args.hold:
+        sys.stdin.read()
+
+
+def _say(line):
+    print(line)
     sys.stdout.flush()
+
+
+def _pace(when) -> float:
+    """Sleep until `when` (time.perf_counter()); how far behind it this call is."""
+    wait = when - time.perf_counter()
+    if wait > 0:
+        time.sleep(wait)
+        return 0.0
+    return -wait
 
 
 def _probe(probe, count, timeout):

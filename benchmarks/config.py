@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 SCENARIOS = ("spread", "burst", "drain", "publish", "schedule", "idle", "defaults")
 # DurableTask against Celery's own ETA (benchmarks/durable.py): asked for by name.
-DURABLE_SCENARIOS = ("durable_spread", "durable_memory", "durable_restart", "durable_cost")
+DURABLE_SCENARIOS = ("durable_spread", "durable_memory", "durable_restart", "durable_cost", "durable_cpu")
 # Django's tasks framework through TimeoutsBackend, against django-tasks-db (benchmarks/tasks_backend.py).
 TASKS_SCENARIOS = ("tasks_spread", "tasks_drain", "tasks_enqueue")
 # Business isolation: a neighbour's backlog, a rate limit, fair claiming's cost (benchmarks/isolation.py).
@@ -47,6 +47,9 @@ class BenchConfig:
     n_durable_memory: int = 100000  # durable_memory: calls due in an hour
     n_durable_restart: int = 10000  # durable_restart: calls due from restart_from to restart_to
     n_durable_cost: int = 5000  # durable_cost: apply_async(countdown=3600) calls
+    n_durable_cpu: int = 3000  # durable_cpu: calls of each kind whose CPU time is read
+    cpu_rate: float = 200.0  # durable_cpu: calls per second (0: as fast as they go)
+    cpu_idle_seconds: float = 5.0  # durable_cpu: the idle reading before each run (0: none)
     n_tasks_spread: int = 2000  # tasks_spread: Django tasks with run_after over the window
     n_tasks_drain: int = 20000  # tasks_drain: Django tasks ready to run
     n_tasks_enqueue: int = 5000  # tasks_enqueue: enqueue() calls, due in an hour
@@ -92,13 +95,14 @@ class BenchConfig:
             if unknown:
                 problems.append(f"unknown {name}: {', '.join(unknown)} (known: {', '.join(known)})")
         for name in ("repeat", "n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "bulk_chunk", "concurrency",
-                     "n_durable_spread", "n_durable_memory", "n_durable_restart", "n_durable_cost",
+                     "n_durable_spread", "n_durable_memory", "n_durable_restart", "n_durable_cost", "n_durable_cpu",
                      "n_tasks_spread", "n_tasks_drain", "n_tasks_enqueue", "n_backlog", "n_isolation_spread",
                      "n_rate", "n_claim", "n_shards_drain", "n_shards_outage"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
-        if self.n_idle < 0:
-            problems.append("n_idle must be >= 0")
+        for name in ("n_idle", "cpu_rate", "cpu_idle_seconds"):
+            if getattr(self, name) < 0:
+                problems.append(f"{name} must be >= 0")
         for name in ("window", "lead", "idle_seconds", "scan_interval", "restart_from", "restart_down"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0")

@@ -9,6 +9,8 @@ each repeat, the order alternating with the repeat.
   new worker starts 5 s later. Calls not started (and of them, those still waiting to run),
   duplicated and late calls; the outage lasts from the kill to the new worker's first start.
 - durable_cost: N `apply_async(countdown=3600)` calls per second, with no worker.
+- durable_cpu: N calls falling due at a steady rate, against N plain Celery messages of the same
+  body: the CPU time per call of each process that serves them (durable_cpu.py).
 
 DurableTask needs its dispatcher (and, to find the calls of a worker that died, the scan: beat's
 `timeouts.scan`, here the bench's scan loop); Celery's ETA needs the worker alone.
@@ -26,6 +28,7 @@ from timeouts.durable.calls import biz_type_for
 
 from . import stats
 from .database import BenchError, reset
+from .durable_cpu import measure as _cpu
 from .handlers import DIRECT_TASK, DURABLE_TASK, DURABLE_TTR
 from .idle import _rss_mb
 from .pairs import median_ratio, ratios_of
@@ -33,17 +36,21 @@ from .processes import Processes, flush_broker
 from .progress import note
 from .workload import due_times, wait_for_starts, wait_until, warm_worker
 
-SCENARIOS = ("durable_spread", "durable_memory", "durable_restart", "durable_cost")
+SCENARIOS = ("durable_spread", "durable_memory", "durable_restart", "durable_cost", "durable_cpu")
 VARIANTS = {
     "durable_spread": ("durable", "celery_eta"),
     "durable_memory": ("idle", "celery_eta", "durable"),
     "durable_restart": ("durable", "celery_eta"),
     "durable_cost": ("durable", "celery_eta"),
+    "durable_cpu": ("durable", "celery_plain"),
 }
-LABELS = {"durable": "DurableTask", "celery_eta": "Celery's ETA", "idle": "idle worker"}
+LABELS = {"durable": "DurableTask", "celery_eta": "Celery's ETA", "idle": "idle worker",
+          "celery_plain": "plain Celery message"}
 TASKS = {"durable": DURABLE_TASK, "celery_eta": DIRECT_TASK}
 CELERY_QUEUE = "celery"  # where the worker's default queue lives in Redis
 REDIS_UNACKED = "unacked"  # kombu's Redis transport: messages delivered and not yet acknowledged
+# durable_cpu: the ratios per repeat, CPU ms per call: the total, with the broker, and the groups both have.
+CPU_RATIOS = ("total_ms", "total_with_broker_ms", "caller_ms", "worker_main_ms", "worker_pool_ms", "postgres_ms")
 LATE = 1.0  # seconds: a call started later than this after its due time is late
 COUNTDOWN = 3600.0  # durable_cost and durable_memory: calls due in an hour
 
@@ -60,7 +67,7 @@ def _one(ctx, scenario, variant, rep) -> dict:
     procs = Processes(env=ctx.env, cwd=ctx.cwd, log_dir=ctx.log_dir, label=f"{scenario}/{variant}/rep{rep + 1}")
     try:
         return {"durable_spread": _spread, "durable_memory": _memory, "durable_restart": _restart,
-                "durable_cost": _cost}[scenario](ctx, procs, variant, rep)
+                "durable_cost": _cost, "durable_cpu": _cpu}[scenario](ctx, procs, variant, rep)
     finally:
         procs.stop_all()
 
@@ -271,12 +278,13 @@ def _clean(out) -> dict:
 
 
 def ratios(runs) -> dict:
-    """Per repeat: DurableTask against Celery's ETA, and against the idle worker."""
+    """Per repeat: DurableTask against Celery's ETA, against the idle worker, and against a plain message."""
     return ratios_of(runs, [(scenario, a, b, metric) for scenario, a, b, metrics in (
         ("durable_spread", "durable", "celery_eta", ("p50_ms", "p99_ms", "max_ms")),
         ("durable_memory", "durable", "idle", ("rss_mb",)),
         ("durable_memory", "celery_eta", "idle", ("rss_mb",)),
-        ("durable_cost", "durable", "celery_eta", ("sched_per_s",))) for metric in metrics])
+        ("durable_cost", "durable", "celery_eta", ("sched_per_s",)),
+        ("durable_cpu", "durable", "celery_plain", CPU_RATIOS)) for metric in metrics])
 
 
 def targets(summary, ratio_table) -> list:
@@ -284,8 +292,8 @@ def targets(summary, ratio_table) -> list:
     def ratio(scenario, pair, metric):
         return median_ratio(ratio_table, scenario, pair, metric)
 
-    def worst(scenario, path, metrics):
-        values = [summary.get(scenario, {}).get(path, {}).get(m) for m in metrics]
+    def worst(scenario, path, metrics, *more_paths):
+        values = [summary.get(scenario, {}).get(p, {}).get(m) for p in (path, *more_paths) for m in metrics]
         return None if any(v is None for v in values) else sum(v["max"] for v in values)
 
     return [
@@ -303,4 +311,9 @@ def targets(summary, ratio_table) -> list:
          worst("durable_restart", "durable", ("duplicates_other",)), lambda v: v == 0),
         ("durable_restart", "durable_restart, DurableTask: late outside the outage = 0 (every run)",
          worst("durable_restart", "durable", ("late_outside_outage",)), lambda v: v == 0),
+        ("durable_cpu", "durable_cpu: DurableTask CPU per call / a plain Celery message's <= 1.25 (caller, worker, "
+         "dispatcher, PostgreSQL sessions; net of idle)",
+         ratio("durable_cpu", "durable/celery_plain", "total_ms"), lambda v: v <= 1.25),
+        ("durable_cpu", "durable_cpu: missing + duplicates = 0 (every run, both variants)",
+         worst("durable_cpu", "durable", ("missing", "duplicates"), "celery_plain"), lambda v: v == 0),
     ]

@@ -30,6 +30,9 @@ DURABLE_METRICS = {
                         "duplicates_other", "early", "late", "late_in_outage", "late_outside_outage",
                         "due_in_outage", "outage_s", "catch_up_per_s", "p50_ms", "p99_ms", "max_ms", "cpu_steal_pct"),
     "durable_cost": ("sched_per_s", "cpu_steal_pct"),
+    "durable_cpu": ("total_ms", "caller_ms", "worker_main_ms", "worker_pool_ms", "dispatcher_ms", "postgres_ms",
+                    "broker_ms", "postgres_other_ms", "wall_s", "missing", "duplicates", "loadavg_1min",
+                    "cpu_steal_pct"),
     "tasks_spread": ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "early", "sched_per_s",
                      "cpu_steal_pct"),
     "tasks_drain": ("start_per_s", "drain_total_s", "missing", "duplicates", "sched_per_s", "cpu_steal_pct"),
@@ -49,6 +52,8 @@ DURABLE_HEADERS = {
                         "late > 1 s", "of them due in the outage", "late outside it",
                         "due in the outage", "outage s", "catch-up calls/s", "p50 ms", "p99 ms", "max ms", "steal %"],
     "durable_cost": ["apply_async(countdown=3600)/s", "steal %"],
+    "durable_cpu": ["total", "caller", "worker main", "worker pool", "dispatcher", "PostgreSQL", "broker (shared)",
+                    "PostgreSQL other (shared)", "run s", "missing", "dup", "load 1 min", "steal %"],
     "tasks_spread": ["p50 ms", "p90 ms", "p99 ms", "max ms", "missing", "dup", "early", "enqueue/s", "steal %"],
     "tasks_drain": ["starts/s", "drain s", "missing", "dup", "enqueue/s", "steal %"],
     "tasks_enqueue": ["enqueue()/s", "steal %"],
@@ -64,6 +69,9 @@ DURABLE_TITLES = {
     "durable_restart": ("{n_durable_restart:,} calls due {restart_from:.0f}-{restart_to:.0f} s ahead; every worker "
                         "process killed -9 at {restart_kill_at:.0f} s, a new worker {restart_down:.0f} s later"),
     "durable_cost": "{n_durable_cost:,} apply_async(countdown=3600) calls, no worker",
+    "durable_cpu": ("{n_durable_cpu:,} calls of one body at {cpu_rate:g}/s (0: as fast as they go), one worker: CPU "
+                    "ms per call (user + system) of each group of processes, less its idle rate; total: the "
+                    "caller, the worker, the dispatcher and the PostgreSQL sessions"),
     "tasks_spread": "{n_tasks_spread:,} Django tasks with run_after over {window:.0f} s, through TimeoutsBackend",
     "tasks_drain": "{n_tasks_drain:,} Django tasks ready to run, then the dispatcher starts",
     "tasks_enqueue": "{n_tasks_enqueue:,} enqueue() calls due in an hour, no worker",
@@ -73,6 +81,13 @@ DURABLE_TITLES = {
     "isolation_cost": "claim_due alone over {n_claim:,} due tasks of one biz_type, no limits (median of rounds)",
     **shards.TITLES,
 }
+# More tables of one scenario's runs, after its own: (scenario, title, headers, metrics).
+MORE_TABLES = (
+    ("durable_cpu", "durable_cpu: the PostgreSQL sessions' CPU ms per call, by the process each serves (idle included)",
+     ["caller", "worker main", "worker pool", "dispatcher", "other"],
+     ("postgres_for_caller_ms", "postgres_for_worker_main_ms", "postgres_for_worker_pool_ms",
+      "postgres_for_dispatcher_ms", "postgres_for_other_ms")),
+)
 PEER_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "schedule_per_s", "drain_per_s",
                 "idle_qps", "idle_cpu_pct")
 SCHEDULE_LABELS = {"raw_insert": "raw single-row INSERT", "single": "schedule(), due in 1 h (no NOTIFY)",
@@ -91,6 +106,7 @@ def aggregate(runs) -> dict:
     for scenario, paths in groups.items():
         metrics = {"idle": IDLE_METRICS, "schedule": SCHEDULE_METRICS, "defaults": DEFAULTS_METRICS,
                    **DURABLE_METRICS}.get(scenario, TIMED_METRICS)
+        metrics += tuple(m for sc, _, _, more in MORE_TABLES if sc == scenario for m in more)
         for path, rs in paths.items():
             cells = {m: summarize([r.get(m) for r in rs]) for m in metrics}
             out.setdefault(scenario, {})[path] = {m: s for m, s in cells.items() if s is not None}
@@ -156,6 +172,11 @@ def sections(result) -> list[tuple[str, list, list]]:
             out.append((title, ["variant", *DURABLE_HEADERS[scenario]],
                         [[DURABLE_LABELS.get(v, v), *[cell(s[scenario][v], m) for m in metrics]]
                          for v in DURABLE_LABELS if v in s[scenario]]))
+    for scenario, title, headers, metrics in MORE_TABLES:
+        if scenario in s:
+            rows = [[DURABLE_LABELS.get(v, v), *[cell(s[scenario][v], m) for m in metrics]]
+                    for v in DURABLE_LABELS if v in s[scenario]]
+            out.append((title, ["variant", *headers], rows))
     if "idle" in s:
         out.append((f"Idle cost ({cfg['n_idle']:,} tasks due in 1 h, {cfg['idle_seconds']:.0f} s window)",
                     ["path", "queries/s", "round trips/s", "xacts/s", "CPU %", "RSS MB"],

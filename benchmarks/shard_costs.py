@@ -50,7 +50,7 @@ def _idle_one(ctx, shard_set, k, rep) -> dict:
     for i, keys in by_shard.items():
         for first in range(0, len(keys), cfg.bulk_chunk):
             on_shard(shard_set, i).bulk_schedule([{"biz_type": NOOP, "biz_id": str(key),
-                                                   "at": base + timedelta(milliseconds=key)}
+                                                   "at": base + timedelta(milliseconds=key), "on_conflict": None}
                                                   for key in keys[first:first + cfg.bulk_chunk]])
     for conn in shard_set.conns[:k]:
         conn.execute("VACUUM ANALYZE timeouts_task")  # keeps autovacuum out of the window

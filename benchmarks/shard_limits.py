@@ -63,7 +63,8 @@ def _rate_one(ctx, shard_set, variant, rep) -> dict:
         serve(ctx, shard_set, k, procs, scan=True)
         due = db_now(shard_set.conns[0]) + timedelta(seconds=cfg.lead)
         for i, keys in sorted(_keys(variant, n).items()):
-            on_shard(shard_set, i).bulk_schedule([{"biz_type": LIMITED, "biz_id": key, "at": due} for key in keys])
+            on_shard(shard_set, i).bulk_schedule([{"biz_type": LIMITED, "biz_id": key, "at": due, "on_conflict": None}
+                                                    for key in keys])
         expected = {}
         for conn in shard_set.conns[:k]:
             expected.update(conn.execute(EXPECTED, (LIMITED,)).fetchall())

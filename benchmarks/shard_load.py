@@ -112,7 +112,7 @@ def _backlog(ctx, shard_set, k, n):
     for i, keys in sorted(by_shard.items()):
         manager = on_shard(shard_set, i)
         for first in range(0, len(keys), cfg.bulk_chunk):
-            manager.bulk_schedule([{"biz_type": NOOP, "biz_id": key, "at": due}
+            manager.bulk_schedule([{"biz_type": NOOP, "biz_id": key, "at": due, "on_conflict": None}
                                    for key in keys[first:first + cfg.bulk_chunk]])
         shard_set.conns[i].execute("ANALYZE timeouts_task")
     return due
@@ -177,7 +177,7 @@ def _probe(shard_set, k, procs, count=2):
     now = db_now(shard_set.conns[0])
     for i in range(k):
         for key in keys_on(i, k, count, "probe-"):
-            on_shard(shard_set, i).schedule(PROBE, biz_id=key, at=now)
+            on_shard(shard_set, i).schedule(PROBE, biz_id=key, at=now, on_conflict=None)
     done = "SELECT count(*) FROM timeouts_task WHERE biz_type = %s AND status = %s"
     wait_until(lambda: all(conn.execute(done, (PROBE, Status.DONE)).fetchone()[0] >= count
                            for conn in shard_set.conns[:k]), 60, procs.check, "the probe tasks on every shard")
@@ -271,7 +271,7 @@ def _outage_one(ctx, shard_set, variant, rep) -> dict:
         base = db_now(shard_set.conns[0]) + timedelta(seconds=cfg.lead)
         times = due_times("spread", n, base=base, window=cfg.window, seed=cfg.seed + rep)
         for key, at in enumerate(times):
-            on_shard(shard_set, shard_of(key, k)).schedule(NOOP, biz_id=str(key), at=at)
+            on_shard(shard_set, shard_of(key, k)).schedule(NOOP, biz_id=str(key), at=at, on_conflict=None)
         if stopped:
             shard_set.stop(STOPPED)
         if time.time() > base.timestamp():

@@ -22,6 +22,10 @@ def due_times(scenario, n, *, base, window=0.0, seed=0):
     return [base] * n
 
 
+# The bench schedules with on_conflict=None: the plain INSERT and COPY paths, which its targets and
+# its history compare with raw INSERT and COPY (the default, "error", adds the key's lock and read).
+
+
 def _manager(alias):
     from timeouts.models import TimeoutTask
 
@@ -34,7 +38,7 @@ def schedule_single(alias, times, *, biz_type=NOOP, label="schedule()") -> dict:
     progress = Progress(label, len(times))
     started = time.perf_counter()
     for key, at in enumerate(times):
-        manager.schedule(biz_type, biz_id=key, at=at)
+        manager.schedule(biz_type, biz_id=key, at=at, on_conflict=None)
         if time.time() > at.timestamp():
             over += 1
         if key % 200 == 0:
@@ -48,14 +52,14 @@ def schedule_each(alias, keys, times, *, biz_type=NOOP):
     """schedule() once per task, nothing else (the schedule throughput scenario times it)."""
     manager = _manager(alias)
     for key, at in zip(keys, times, strict=True):
-        manager.schedule(biz_type, biz_id=key, at=at)
+        manager.schedule(biz_type, biz_id=key, at=at, on_conflict=None)
 
 
 def schedule_bulk(alias, times, *, chunk, biz_type=NOOP) -> dict:
     manager = _manager(alias)
     started = time.perf_counter()
     for i in range(0, len(times), chunk):
-        manager.bulk_schedule([{"biz_type": biz_type, "biz_id": i + j, "at": at}
+        manager.bulk_schedule([{"biz_type": biz_type, "biz_id": i + j, "at": at, "on_conflict": None}
                                for j, at in enumerate(times[i:i + chunk])])
     seconds = time.perf_counter() - started
     return {"sched_api": f"bulk_schedule() ({chunk}/call)", "sched_per_s": round(len(times) / seconds)}
@@ -98,7 +102,7 @@ def probe_path(alias, conn, *, count, check, timeout):
     dispatcher (or scan loop) is up, and the whole chain down to the worker has run once."""
     now = db_now(conn)
     for key in range(count):
-        _manager(alias).schedule(PROBE, biz_id=f"probe-{key}", at=now)
+        _manager(alias).schedule(PROBE, biz_id=f"probe-{key}", at=now, on_conflict=None)
     wait_until(lambda: conn.execute("SELECT count(*) FROM timeouts_task WHERE biz_type = %s AND status = %s",
                                     (PROBE, Status.DONE)).fetchone()[0] >= count,
                timeout, check, "the probe tasks to run through the path under test")

@@ -26,13 +26,16 @@ class TimeoutsConfig(AppConfig):
         # which modules other imports happened to load.
         from timeouts import checks, metrics
         from timeouts.dispatch import in_worker
-        from timeouts.worker import pool_process_exit, priority
+        from timeouts.durable import starts
+        from timeouts.worker import leases, pool_process_exit, priority
 
         checks.register_checks()  # manage.py check, runserver, migrate...
         metrics.connect()  # the Prometheus counters count timeouts.events' events
         in_worker.connect()  # the dispatcher thread, in workers when DISPATCHER_IN_WORKER is on
+        leases.install()  # a worker's processes know whether their pool stops a handler at its time limit
         priority.install()  # workers hand the tasks claimed on time to their pool first
         pool_process_exit.install()  # a pool process Celery kills cannot leave its worker stuck
+        starts.install()  # a worker gives back the DurableTask calls it started ahead and then dropped
         # The one import kept for what importing does: Celery's shared tasks (timeouts.run, run_batch,
         # scan, maintain) are declared by defining them, and join every Celery app from then on. The
         # host's autodiscover_tasks() would import the module too, but only in processes that call it.

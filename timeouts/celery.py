@@ -9,15 +9,22 @@
 default: a value the host chose is kept, and the system check `timeouts.W005` says what it costs.
 """
 
-from weakref import WeakKeyDictionary
+from typing import TYPE_CHECKING, Any
+from weakref import WeakKeyDictionary as _WeakKeyDictionary
 
-from kombu import Exchange, Queue
+from kombu import Exchange as _Exchange
+from kombu import Queue as _Queue
 
 from timeouts.conf import get_settings
 from timeouts.dispatch.brokers import is_amqp
-from timeouts.durable.calls import cancel  # noqa: F401  (timeouts.celery.cancel(task_id))
-from timeouts.durable.task import DurableTask  # noqa: F401  (timeouts.celery.DurableTask)
+from timeouts.durable.calls import cancel
+from timeouts.durable.task import DurableTask
 from timeouts.worker import reconnect_prefetch
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+__all__ = ["DurableTask", "beat_schedule", "cancel", "setup"]
 
 MAINTAIN_INTERVAL = 60.0  # seconds; partitions are created days ahead, leases are also recovered by scans
 BEAT_TASKS = ("timeouts.scan", "timeouts.maintain")
@@ -27,10 +34,10 @@ BEAT_QUEUE = "timeouts"
 CELERY_DEFAULT_PREFETCH = 4
 
 # The apps setup() has wired (for the system check), with the queue of their beat tasks.
-_set_up: "WeakKeyDictionary" = WeakKeyDictionary()
+_set_up: "_WeakKeyDictionary[Celery, str | None]" = _WeakKeyDictionary()
 
 
-def beat_schedule() -> dict:
+def beat_schedule() -> dict[str, dict[str, Any]]:
     """The beat entries of timeouts' two periodic tasks. `setup()` merges them; call this only to keep
     beat entries elsewhere (a database scheduler, say)."""
     settings = get_settings()
@@ -49,7 +56,7 @@ def beat_schedule() -> dict:
     }
 
 
-def setup(app, *, beat_queue: str | None = BEAT_QUEUE) -> None:
+def setup(app: "Celery", *, beat_queue: str | None = BEAT_QUEUE) -> None:
     """Wire `app` for timeouts, once its configuration is read:
 
     - merge `beat_schedule()` into `beat_schedule` (the host's own entries of the same name win);
@@ -104,14 +111,14 @@ def _with_queue(conf, name):
     that one as Celery would, so workers go on consuming it."""
     queues = conf.task_queues
     if queues is None:
-        queues = [Queue(conf.task_default_queue, Exchange(conf.task_default_exchange or conf.task_default_queue,
+        queues = [_Queue(conf.task_default_queue, _Exchange(conf.task_default_exchange or conf.task_default_queue,
                                                           type=conf.task_default_exchange_type),
                         routing_key=conf.task_default_routing_key or conf.task_default_queue)]
     queues = list(queues.values() if isinstance(queues, dict) else queues)
     if any(getattr(queue, "name", queue) == name for queue in queues):
         return queues
-    return [*queues, Queue(name, Exchange(name), routing_key=name)]
+    return [*queues, _Queue(name, _Exchange(name), routing_key=name)]
 
 
-def is_set_up(app) -> bool:
+def is_set_up(app: "Celery") -> bool:
     return app in _set_up

@@ -8,11 +8,14 @@ Misuse by the project itself raises Django's own exceptions: a bad `@timeouts.ha
 `django.db.transaction.TransactionManagementError`.
 """
 
+__all__ = ["InvalidAttribute", "InvalidBizId", "InvalidBizType", "InvalidOption", "InvalidTime",
+           "ShardOutsideTransaction", "TaskConflict", "TimeoutsError", "UnknownBizType"]
+
 
 class TimeoutsError(ValueError):
     """The timeouts API rejected its input; nothing was stored."""
 
-    def __init__(self, message=None):
+    def __init__(self, message: str | None = None) -> None:
         super().__init__(message or self.__doc__)
 
 

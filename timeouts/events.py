@@ -36,6 +36,8 @@ from django.dispatch import Signal
 
 from timeouts.states import Status
 
+__all__ = ["EVENTS", "task_event"]
+
 logger = logging.getLogger(__name__)
 
 EVENTS = ("scheduled", "dispatched", "started", "done", "retried", "dead", "cancelled", "late")

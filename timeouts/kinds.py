@@ -5,15 +5,18 @@ under a biz_type prefix of its own.
 The core names none of them: it asks a biz_type's kind whether a handler may take the name
 (registry.handler), whether cancel(), limits() and the others accept it (registry.check_known),
 whether the claim returns the row's attribute, how its claims are published
-(dispatch/publishing.py), and which of its biz_types this process knows (the admin's filter, the
-businesses page, timeouts_stats). An extension registers its kind when its module loads; the
-AppConfig loads timeouts' own before it discovers the project's handlers.
+(dispatch/publishing.py) and run in the calling process (timeouts.testing), which Celery Request
+class its messages run through in a worker (worker/priority.py), and which of its biz_types this
+process knows (the admin's filter, the businesses page, timeouts_stats). An extension registers
+its kind when its module loads; the AppConfig loads timeouts' own before it discovers the
+project's handlers.
 """
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
 
 from timeouts.validation import BIZ_TYPE_RE
 
@@ -33,6 +36,15 @@ class Kind:
     # or the network (the caller then gives every claim back). None: the claims run as handlers'
     # tasks do, in `timeouts.run` messages.
     publish: Callable[..., Iterator] | None = None
+    # The Celery Request class of the messages `publish` sends, as a dotted path (a Task's `Request`
+    # takes the same), or None: they run as timeouts.run. A prefork worker hands those that carry
+    # an ETA (claimed on time) to a free process before a backlog's (worker/priority.py). A path,
+    # so that registering the kind loads nothing of Celery's worker where no worker runs.
+    request_class: str | None = None
+    # run_in_process(claim): runs a claimed row in the calling process, on its connection and in its
+    # transaction, as a worker would (timeouts.testing.run_due); True if the work started. None:
+    # the claim runs as a handler's task does.
+    run_in_process: Callable[..., bool] | None = None
 
 
 _kinds: dict[str, Kind] = {}  # by prefix
@@ -111,6 +123,11 @@ def attribute_prefixes() -> list[str]:
 def publishing_prefixes() -> tuple[str, ...]:
     """The prefixes of the kinds that publish their claims themselves, for str.startswith()."""
     return _publishing_prefixes
+
+
+def request_classes() -> tuple[type, ...]:
+    """The Request classes the kinds name, imported now: in a worker, which runs their messages."""
+    return tuple(import_string(kind.request_class) for kind in _kinds.values() if kind.request_class)
 
 
 def note(biz_type: str):

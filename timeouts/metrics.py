@@ -46,12 +46,15 @@ import logging
 import os
 from dataclasses import dataclass, replace
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 
 from timeouts import events, stats
 from timeouts.storage import shards
 from timeouts.store import clock
+
+__all__ = ["metrics_view"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +64,11 @@ try:
     from prometheus_client.core import GaugeMetricFamily
 except ImportError:  # the optional extra is not installed
     prometheus_client = None
+
+# The distribution's name and its extra (pyproject.toml), as a user types them.
+INSTALL_PROMETHEUS = 'pip install "django-timeouts[prometheus]"'
+MISSING_PROMETHEUS = (f"timeouts.metrics needs prometheus_client, which is not installed. Install it with: "
+                      f"{INSTALL_PROMETHEUS}")
 
 PREFIX = "timeouts_"
 COUNTED = ("scheduled", "dispatched", "done", "retried", "dead", "cancelled")
@@ -92,6 +100,13 @@ if prometheus_client:
                    "policy that applied (on_late: run, skip or dead).", ["biz_type", "on_late"], registry=REGISTRY)
 
 
+def require_prometheus_client() -> None:
+    """Raise ImproperlyConfigured, saying which extra to install, when prometheus_client is missing:
+    what needs it fails there rather than with a NameError deep inside."""
+    if prometheus_client is None:
+        raise ImproperlyConfigured(MISSING_PROMETHEUS)
+
+
 def connect() -> None:
     """Count timeouts.events' events, if prometheus_client is installed: record() listens to them."""
     if COUNTING:
@@ -101,6 +116,8 @@ def connect() -> None:
 def record(event, biz_type, count=1, lateness=None, on_late=None):
     """Count one event of timeouts.events (the label given by position: labels(biz_type=) checks and
     sorts the keyword names on every call)."""
+    if not COUNTING:  # connect() listens only with prometheus_client; a direct call needs it too
+        require_prometheus_client()
     if event in COUNTERS:
         COUNTERS[event].labels(biz_type).inc(count)
     elif event == "started" and lateness is not None:
@@ -164,6 +181,7 @@ class DatabaseCollector:
     that does not answer fails the scrape, as before."""
 
     def __init__(self, using=None):
+        require_prometheus_client()  # collect() builds prometheus_client's metric families
         self.using = using
 
     def collect(self):
@@ -226,6 +244,7 @@ class _OurMultiProcessCollector:
     """Every process's timeouts_* metrics from PROMETHEUS_MULTIPROC_DIR (not the host's others)."""
 
     def __init__(self, path):
+        require_prometheus_client()
         self.inner = multiprocess.MultiProcessCollector(None, path=path)
 
     def collect(self):
@@ -233,7 +252,10 @@ class _OurMultiProcessCollector:
 
 
 def exposition(using=None) -> bytes:
-    """The metrics in Prometheus' text format; the gauges from `using`, else from every shard."""
+    """The metrics in Prometheus' text format; the gauges from `using`, else from every shard.
+
+    Without prometheus_client, raises ImproperlyConfigured saying which extra to install."""
+    require_prometheus_client()
     registry = CollectorRegistry(auto_describe=False)
     path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if path:
@@ -244,10 +266,10 @@ def exposition(using=None) -> bytes:
     return prometheus_client.generate_latest(registry)
 
 
-def metrics_view(request):
+def metrics_view(request: HttpRequest) -> HttpResponse:
     """Add to the host's urls, e.g. path("metrics/timeouts", timeouts.metrics.metrics_view); restrict
     who can reach it (network policy, or wrap it in a view that checks a token)."""
     if prometheus_client is None:
-        return HttpResponse('prometheus_client is not installed: pip install "django-timeouts[prometheus]"\n',
-                            status=501, content_type="text/plain; charset=utf-8")
+        return HttpResponse(f"prometheus_client is not installed: {INSTALL_PROMETHEUS}\n", status=501,
+                            content_type="text/plain; charset=utf-8")
     return HttpResponse(exposition(), content_type=prometheus_client.CONTENT_TYPE_LATEST)

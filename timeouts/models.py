@@ -5,46 +5,63 @@ action_time, its database key is (job_id, action_time), and CHECK constraints ho
 Django sees `job_id` as the primary key, which is unique on its own, across shards too (shards.py).
 """
 
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
 from django.db import connection, models
 from django.db.models.functions import Now
 
 from timeouts.states import Status
 from timeouts.store import scheduling, transitions
+from timeouts.validation import DEFAULT_ON_CONFLICT
+
+__all__ = ["TimeoutTask", "TimeoutTaskManager", "TimeoutTaskQuerySet"]
 
 
-class TimeoutTaskQuerySet(models.QuerySet):
-    def pending(self):
+class TimeoutTaskQuerySet(models.QuerySet["TimeoutTask"]):
+    def pending(self) -> "TimeoutTaskQuerySet":
         """Tasks waiting for their time (or for their next attempt after a failure)."""
         return self.filter(status=TimeoutTask.Status.PENDING)
 
-    def due(self):
+    def due(self) -> "TimeoutTaskQuerySet":
         """PENDING tasks whose time has come by the database clock (the statement's start)."""
         now = Now()
         # action_time is implied by run_at (run_at >= action_time) but lets PostgreSQL skip future
         # partitions.
         return self.pending().filter(run_at__lte=now, action_time__lte=now)
 
-    def dead(self):
+    def dead(self) -> "TimeoutTaskQuerySet":
         """Tasks whose handler failed max_attempts times: they wait for an operator's requeue()."""
         return self.filter(status=TimeoutTask.Status.DEAD)
 
 
-class TimeoutTaskManager(models.Manager.from_queryset(TimeoutTaskQuerySet)):
+# Named first, then subclassed: the form that django-stubs' plugin types (a host's mypy then sees
+# the queryset's methods on the manager).
+_TimeoutTaskManagerBase = models.Manager.from_queryset(TimeoutTaskQuerySet)
+
+
+class TimeoutTaskManager(_TimeoutTaskManagerBase):
     # The writes go to the shard of the task's (biz_type, biz_id) (shards.py), unless the manager
     # was given a database (`TimeoutTask.objects.db_manager(alias)`).
-    def schedule(self, biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=None):
-        """Create a task (docs: reference/api). Returns the new task, or with on_conflict="keep" the kept one."""
+    def schedule(self, biz_type: str, biz_id: str | int | UUID, *, at: datetime | None = None,
+                 delay: timedelta | float | None = None, attribute: Mapping[str, Any] | None = None,
+                 on_conflict: str | None = DEFAULT_ON_CONFLICT) -> "TimeoutTask":
+        """`timeouts.schedule()` on this manager's database, if it was given one."""
         return scheduling.schedule(self.model, biz_type, biz_id, at=at, delay=delay, attribute=attribute,
                                    on_conflict=on_conflict, using=self._db)
 
-    def bulk_schedule(self, items):
-        """Schedule many tasks in one transaction from dicts with schedule()'s keys; returns the count."""
+    def bulk_schedule(self, items: Iterable[Mapping[str, Any]]) -> int:
+        """`timeouts.bulk_schedule()` on this manager's database, if it was given one."""
         return scheduling.bulk_schedule(self.model, items, using=self._db)
 
-    def cancel(self, biz_type, biz_id):
-        """Cancel every task of (biz_type, biz_id) that has not started; returns how many. A
-        biz_type with no handler (a typo) raises UnknownBizType, as schedule() does."""
-        return transitions.cancel_by_key(biz_type, biz_id, using=self._db)
+    def cancel(self, biz_type: str, biz_id: str | int | UUID) -> int:
+        """Cancel every task of (biz_type, biz_id) that has not started, and discard its DEAD ones;
+        returns how many ended (`timeouts.cancel()` answers instead whether a handler was stopped).
+        A biz_type with no handler (a typo) raises UnknownBizType, as schedule() does."""
+        count, _stopped = transitions.cancel_by_key(biz_type, biz_id, using=self._db)
+        return count
 
 
 class TimeoutTask(models.Model):
@@ -80,11 +97,11 @@ class TimeoutTask(models.Model):
             ("change_limits", "Can pause, resume and change the limits of a biz type"),
         ]
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.biz_type}:{self.biz_id} #{self.job_id} ({self.get_status_display()})"
 
     @property
-    def lateness(self):
+    def lateness(self) -> timedelta | None:
         """How long after its action_time the task started (a timedelta), or None."""
         if self.started_at is None:
             return None
@@ -94,7 +111,7 @@ class TimeoutTask(models.Model):
         """True only if the handler will never run for this task."""
         return transitions.cancel(self)
 
-    def reschedule(self, *, at=None, delay=None) -> bool:
+    def reschedule(self, *, at: datetime | None = None, delay: timedelta | float | None = None) -> bool:
         """Move a task that has not started to a new time; False if it already started or ended."""
         return transitions.reschedule(self, at=at, delay=delay)
 

@@ -5,6 +5,7 @@ import inspect
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
@@ -42,6 +43,9 @@ async def _awaited(coroutine):
     return await coroutine
 
 
+# A handler function, whatever its signature: @timeouts.handler gives it back unchanged.
+HandlerFunc = TypeVar("HandlerFunc", bound=Callable[..., Any])
+
 _handlers: dict[str, Handler] = {}
 kinds.handler_names = _handlers.keys  # a kind registered later must not take a handler's name
 
@@ -52,8 +56,10 @@ def check_biz_type(biz_type) -> str:
     return biz_type
 
 
-def handler(biz_type, *, queue=None, max_attempts=None, ttr=None, rate_limit=None, concurrency=None,
-            max_lateness=None, on_late="run"):
+def handler(biz_type: str, *, queue: str | None = None, max_attempts: int | None = None, ttr: int | None = None,
+            rate_limit: float | None = None, concurrency: int | None = None,
+            max_lateness: timedelta | None = None, on_late: str = "run",
+            ) -> Callable[[HandlerFunc], HandlerFunc]:
     """Register the decorated function as the handler of `biz_type`.
 
     The function receives the `TimeoutTask` (status RUNNING). Returning marks it DONE; raising
@@ -92,7 +98,7 @@ def handler(biz_type, *, queue=None, max_attempts=None, ttr=None, rate_limit=Non
     max_lateness, on_late = lateness.check_policy(
         max_lateness, on_late, lambda message: ImproperlyConfigured(f"handler {biz_type!r}: {message}"))
 
-    def register(func):
+    def register(func: HandlerFunc) -> HandlerFunc:
         _check_runnable(biz_type, func)
         new = Handler(biz_type, func, queue, max_attempts, ttr, rate_limit, concurrency, max_lateness, on_late)
         old = _handlers.get(biz_type)

@@ -8,6 +8,7 @@ import json
 import math
 import re
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 from timeouts.errors import InvalidAttribute, InvalidBizId, InvalidOption, InvalidTime
@@ -21,6 +22,9 @@ MAX_ATTRIBUTE_DEPTH = 64
 # (years 1 to 9999). The margin covers any skew between the application's and the database's clocks.
 DELAY_CLOCK_MARGIN = timedelta(days=1)
 ON_CONFLICT = (None, "error", "replace", "keep")
+# What schedule() does when the key already has a waiting task, unless told otherwise: refuse, so
+# that a second call for one business object is never a silent second timeout.
+DEFAULT_ON_CONFLICT = "error"
 # The bounds of a limit. The claim refills a rate limit's token bucket at the rate for the time since
 # its last claim, the dispatcher sleeps until the bucket is full again (1 / rate, as an interval),
 # and each of several shards takes an integer part of a concurrency (limit * shards in 32 bits): a
@@ -115,8 +119,9 @@ def attribute(value, max_bytes) -> str:
     """Return the attribute as JSON text, checked to round-trip through jsonb unchanged."""
     if value is None:
         value = {}
-    if not isinstance(value, dict):
+    if not isinstance(value, Mapping):
         raise InvalidAttribute(f"attribute must be a JSON object (a dict), got {type(value).__name__}")
+    value = dict(value)  # a read-only mapping too; what it holds must be JSON as it is
     _check_json(value, "attribute", 0)
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)

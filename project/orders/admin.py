@@ -18,5 +18,6 @@ class OrderAdmin(admin.ModelAdmin):
         for order in queryset.filter(status=Order.Status.OPEN):
             with transaction.atomic():
                 Order.objects.filter(pk=order.pk).update(paid=True, status=Order.Status.PAID)
+                # True: the order's timeout had not started, and now never will.
                 cancelled += timeouts.cancel("order.close", order.pk)
         self.message_user(request, f"Marked as paid; {cancelled} timeout(s) cancelled.", messages.SUCCESS)

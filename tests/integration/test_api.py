@@ -75,9 +75,10 @@ def test_past_and_far_future_times_are_accepted():
 def test_package_level_functions():
     task = timeouts.schedule("test.record", 5, delay=60)
     assert timeouts.bulk_schedule([{"biz_type": "test.record", "biz_id": 6, "delay": 60}]) == 1
-    assert timeouts.cancel("test.record", 5) == 1
+    assert timeouts.cancel("test.record", 5) is True
     task.refresh_from_db()
     assert task.status == Status.CANCELLED
+    assert timeouts.cancel("test.record", 5) is False
 
 
 BAD_INPUT = [
@@ -144,8 +145,19 @@ def test_on_conflict():
     assert first.status == Status.CANCELLED and replacement.status == Status.PENDING
     assert TimeoutTask.objects.pending().filter(biz_id="1").count() == 1
     # None: always a new task, whatever exists.
-    TimeoutTask.objects.schedule("test.record", 1, delay=30)
+    TimeoutTask.objects.schedule("test.record", 1, delay=30, on_conflict=None)
     assert TimeoutTask.objects.pending().filter(biz_id="1").count() == 2
+
+
+@pytest.mark.parametrize("schedule", [timeouts.schedule, TimeoutTask.objects.schedule])
+def test_a_key_that_has_a_waiting_task_is_refused_by_default(schedule):
+    first = schedule("test.record", 1, delay=60)
+    with pytest.raises(timeouts.TaskConflict, match=str(first.job_id)):
+        schedule("test.record", 1, delay=30)
+    assert list(TimeoutTask.objects.values_list("job_id", flat=True)) == [first.job_id]
+    # Waiting means not started: once it ran (or ended otherwise), the key takes a new task.
+    move_to(first, Status.DONE)
+    assert schedule("test.record", 1, delay=30).job_id != first.job_id
 
 
 @pytest.mark.django_db(transaction=True)
@@ -238,7 +250,7 @@ def test_cancel_of_started_or_finished_task_is_false():
 
 def test_cancel_by_key_counts():
     for _ in range(3):
-        TimeoutTask.objects.schedule("test.record", "k", delay=60)
+        TimeoutTask.objects.schedule("test.record", "k", delay=60, on_conflict=None)
     TimeoutTask.objects.schedule("test.record", "other", delay=60)
     assert TimeoutTask.objects.cancel("test.record", "k") == 3
     assert TimeoutTask.objects.cancel("test.record", "k") == 0
@@ -267,14 +279,14 @@ def test_cancel_of_an_unknown_biz_type_is_refused_and_changes_nothing(cancel, or
     with pytest.raises(timeouts.InvalidBizType):
         cancel("not a biz type", "k")
     assert sorted(TimeoutTask.objects.pending().values_list("biz_type", flat=True)) == ["test.orphaned", "test.record"]
-    assert cancel("test.record", "k") == 1
+    assert cancel("test.record", "k") == (True if cancel is timeouts.cancel else 1)
 
 
 def test_cancel_accepts_the_biz_types_of_durable_calls_and_django_tasks():
     """Any Celery task may be a DurableTask, and this process need not know them all; the same goes
     for the queues of Django's tasks framework."""
-    assert timeouts.cancel(biz_type_for("tests.not_bound_here"), "k") == 0
-    assert timeouts.cancel(tasks_queues.biz_type_for("elsewhere", "default"), "k") == 0
+    assert timeouts.cancel(biz_type_for("tests.not_bound_here"), "k") is False
+    assert timeouts.cancel(tasks_queues.biz_type_for("elsewhere", "default"), "k") is False
 
 
 def test_reschedule_moves_the_task_across_partitions():

@@ -63,12 +63,13 @@ def scrape(client):
 def test_scheduling_and_cancelling_are_counted_once_committed():
     deltas = Deltas()
     task = TimeoutTask.objects.schedule("test.record", 1, delay=600)
-    TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": i, "delay": 600} for i in range(3)])
+    TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": i, "delay": 600, "on_conflict": None}
+                                       for i in range(3)])  # 1 again: a second task of that key
     TimeoutTask.objects.schedule("test.record", 9, delay=600, on_conflict="replace")
     TimeoutTask.objects.schedule("test.record", 9, delay=600, on_conflict="replace")  # cancels the first
     TimeoutTask.objects.schedule("test.record", 9, delay=600, on_conflict="keep")  # nothing new
     with pytest.raises(RuntimeError), transaction.atomic():
-        TimeoutTask.objects.schedule("test.record", 2, delay=600)
+        TimeoutTask.objects.schedule("test.record", 2, delay=600, on_conflict=None)
         TimeoutTask.objects.cancel("test.record", 1)
         raise RuntimeError("rolled back: neither counted")
     assert task.cancel() and not task.cancel()

@@ -195,42 +195,35 @@ def check_schedule(args, existing):
 
 
 def expected_bulk_outcome(items, seeded):
-    """What bulk_schedule() must do with valid items: plain items are copied in first, in order, then the
-    keyed ones one by one. Returns the created items in job_id order, each with its status at the end, and
-    the waiting count per key; or None when an on_conflict="error" item meets a waiting task."""
-    waiting = Counter(seeded)
-    created = []  # [item, status]
-
-    def add(item):
-        created.append([item, Status.PENDING])
-        waiting[item.key] += 1
-
+    """What bulk_schedule() must do with valid items: each in the batch's order, as schedule() calls
+    one after the other would, on_conflict "error" where an item leaves it out. Returns the created
+    items in job_id order, each with its status at the end (PENDING: an item that a later one
+    replaces inside the batch is never stored), and the waiting count per key; or None when an
+    "error" item meets a waiting task or an earlier item of its key."""
+    stored = Counter(seeded)  # waiting before the call
+    created = []  # the items stored, in order
     for item in items:
-        if item.kwargs.get("on_conflict") is None:
-            add(item)
-    for item in items:
-        on_conflict = item.kwargs.get("on_conflict")
-        if on_conflict is None:
-            continue
-        if waiting[item.key]:
+        on_conflict = item.kwargs.get("on_conflict", "error")
+        if on_conflict is not None and (stored[item.key] or any(other.key == item.key for other in created)):
             if on_conflict == "error":
                 return None
             if on_conflict == "keep":
                 continue
-            waiting[item.key] = 0  # replace: every waiting task of the key is cancelled
-            for entry in created:
-                if entry[0].key == item.key:
-                    entry[1] = Status.CANCELLED
-        add(item)
-    return created, waiting
+            stored[item.key] = 0  # replace: the key's waiting tasks are cancelled, its earlier items dropped
+            created = [other for other in created if other.key != item.key]
+        created.append(item)
+    waiting = {key: stored[key] + sum(other.key == key for other in created)
+               for key in {*stored, *(other.key for other in created)}}
+    return [[item, Status.PENDING] for item in created], waiting
 
 
 @settings(PROPERTY, max_examples=50)  # each example is up to four calls' worth of input
 @given(items=bulk_items(), seeded=st.lists(KEY_BIZ_IDS, max_size=2))
 def test_bulk_schedule_stores_every_item_exactly_or_nothing(items, seeded):
     empty_table()
-    seeded_keys = [("test.record", str(TimeoutTask.objects.schedule("test.record", biz_id, delay=60).biz_id))
-                   for biz_id in seeded]
+    seeded_keys = [("test.record", str(TimeoutTask.objects.schedule("test.record", biz_id, delay=60,
+                                                                    on_conflict=None).biz_id))
+                   for biz_id in seeded]  # a key may be seeded twice
     before, clock_before = snapshot(), db_now()
     first_invalid = next((index for index, item in enumerate(items) if item.error is not None), None)
     try:

@@ -3,7 +3,7 @@
 `make_task(status, ...)` schedules a task with the public API, then moves it to `status` the way the
 product does wherever a public or worker-side step exists:
 
-- PENDING: schedule() alone.
+- PENDING: schedule() alone (with on_conflict=None: a key may have several tasks).
 - CANCELLED: task.cancel().
 - DISPATCHED, RUNNING: one explicit UPDATE (no public call claims one chosen task: a claim takes
   whatever is due), with a lease; RUNNING has used an attempt and has a started_at.
@@ -37,7 +37,8 @@ def make_task(status=Status.PENDING, *, biz_type="test.record", biz_id="1", at=N
     was due 5 minutes ago and any other is due in 2 hours. `state`: see move_to()."""
     if at is None and delay is None:
         at = datetime.now(UTC) + (-timedelta(minutes=5) if status in STARTED else timedelta(hours=2))
-    task = TimeoutTask.objects.schedule(biz_type, biz_id, at=at, delay=delay, attribute=attribute)
+    # on_conflict=None: a test may want several tasks of one key, each in a state of its own.
+    task = TimeoutTask.objects.schedule(biz_type, biz_id, at=at, delay=delay, attribute=attribute, on_conflict=None)
     return move_to(task, status, **state)
 
 

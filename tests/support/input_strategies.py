@@ -302,8 +302,8 @@ def bulk_item(draw):
         fields.update(biz_type=draw(VALID_BIZ_TYPES), biz_id=Arg(draw(KEY_BIZ_IDS)), when=draw(VALID_TIMES),
                       attribute=draw(VALID_ATTRIBUTES), on_conflict=draw(VALID_ON_CONFLICTS))
     value = {"biz_type": fields["biz_type"].value, "biz_id": fields["biz_id"].value, **fields["when"].value}
-    for optional in ("attribute", "on_conflict"):  # left out at times: the defaults
-        if fields[optional].error is not None or fields[optional].value is not None or draw(st.booleans()):
+    for optional, default in (("attribute", None), ("on_conflict", "error")):  # left out at times: the defaults
+        if fields[optional].error is not None or fields[optional].value != default or draw(st.booleans()):
             value[optional] = fields[optional].value
     args = list(fields.values())
     if kind == "unknown key":

@@ -15,6 +15,7 @@ from timeouts.store import worker_connection
 from . import (
     conformance,  # noqa: F401  (registers the conformance suite's handlers)
     oracle_handlers,  # noqa: F401  (registers the reliability scenarios' handlers)
+    run_due_work,  # noqa: F401  (registers the work of the run_due tests)
 )
 from .recorder import record, record_connections
 

@@ -11,6 +11,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from timeouts.backends.compat import INSTALL_TASKS
+from timeouts.metrics import INSTALL_PROMETHEUS
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -74,5 +75,5 @@ def test_the_extras_that_messages_name_exist_under_the_distribution_name():
     assert {"tasks", "redis", "prometheus", "binary"} <= set(PROJECT["optional-dependencies"])
     assert INSTALL_TASKS == f'pip install "{PROJECT["name"]}[tasks]"'
     assert [Requirement(r).name for r in PROJECT["optional-dependencies"]["tasks"]] == ["django-tasks"]
-    metrics = (ROOT / "timeouts/metrics.py").read_text()
-    assert f'pip install "{PROJECT["name"]}[prometheus]"' in metrics
+    assert INSTALL_PROMETHEUS == f'pip install "{PROJECT["name"]}[prometheus]"'
+    assert [Requirement(r).name for r in PROJECT["optional-dependencies"]["prometheus"]] == ["prometheus-client"]

@@ -1,5 +1,6 @@
 """Kinds of work (timeouts.kinds): the core knows its extensions only through their registered kinds."""
 
+import ast
 import re
 from pathlib import Path
 
@@ -47,7 +48,61 @@ def test_no_prefix_of_an_extension_is_written_outside_it():
     assert found == []
 
 
+# The modules that may name the extensions: those that install them (apps.py) and hand their public
+# names on (celery.py: timeouts.celery.DurableTask), and the package's face.
+WIRING = {PACKAGE / "apps.py", PACKAGE / "celery.py", PACKAGE / "__init__.py"}
+EXTENSION_MODULES = ("timeouts.durable", "timeouts.backends")
+
+
+def _names_reached(text: str, path: Path) -> set[str]:
+    """The modules that `text`, the module at `path`, imports (at its top or inside a function,
+    relative imports resolved) and the dotted paths it holds in strings other than docstrings (what
+    import_string, a Task's Request or Celery's symbol_by_name would import)."""
+    tree = ast.parse(text, str(path))
+    package = path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)}
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join([*package[:len(package) - node.level + 1], *([node.module] if node.module else [])]) \
+                if node.level else node.module
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            found.add(node.value.replace(":", "."))
+    return found
+
+
+def test_no_module_outside_the_extensions_imports_one():
+    """The core (store, dispatch, worker, limiting, storage, stats, and the modules beside them)
+    reaches DurableTask and the tasks backend only through their kinds (kinds.Kind)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path in WIRING or any(path.is_relative_to(folder) for folder in EXTENSIONS.values()):
+            continue
+        found += [f"{path.relative_to(PACKAGE)}: {name}" for name in sorted(_names_reached(path.read_text(), path))
+                  if any(name == module or name.startswith(module + ".") for module in EXTENSION_MODULES)]
+    assert found == []
+
+
+def test_the_import_check_sees_every_way_of_naming_an_extension():
+    module = PACKAGE / "worker" / "priority.py"  # where the relative imports below resolve from
+    text = ("from timeouts.durable.starts import StartingRequest\nimport timeouts.backends.queues\n"
+            "from .. import durable\nfrom ..backends import queues\n"
+            "def later():\n    from timeouts.durable import calls\n"
+            "REQUEST = 'timeouts.durable.starts:StartingRequest'\n")
+    names = _names_reached(text, module)
+    assert {"timeouts.durable.starts", "timeouts.backends.queues", "timeouts.durable", "timeouts.backends",
+            "timeouts.durable.calls", "timeouts.durable.starts.StartingRequest"} <= names
+
+
 def test_the_extensions_register_their_kinds_as_they_load():
+    from timeouts.durable.starts import StartingRequest
+
     assert kinds.of(calls.biz_type_for("shop.tasks.charge")) is calls.KIND
     assert kinds.of(queues.biz_type_for("default", "emails")) is queues.KIND
     assert kinds.of("shop.charge") is None
@@ -55,6 +110,7 @@ def test_the_extensions_register_their_kinds_as_they_load():
     assert not queues.KIND.claim_returns_attribute and queues.KIND.publish is None  # run as handlers' tasks
     assert kinds.attribute_prefixes() == [calls.PREFIX]
     assert kinds.publishing_prefixes() == (calls.PREFIX,)
+    assert kinds.request_classes() == (StartingRequest,)  # a worker's main process starts its calls ahead
 
 
 def test_a_kind_registered_again_replaces_itself(kind):

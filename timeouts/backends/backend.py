@@ -10,8 +10,10 @@ compare-and-set and records its result in the row. get_result() reads that row b
 names (results.py).
 """
 
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
@@ -35,6 +37,9 @@ from timeouts.storage import shards
 from timeouts.store.queries import fetch_one
 from timeouts.store.scheduling import NewTask, insert
 
+if TYPE_CHECKING:
+    from django.tasks import Task
+
 # The attribute's format, so that a later version can read the tasks an older one stored.
 FORMAT = 1
 # A biz_id is at most 255 characters: the task's path, shown and searched in the admin.
@@ -51,7 +56,7 @@ class TimeoutsBackend(BaseTaskBackend):
     # Tasks due together start in the order they became due (run_at), whatever their priority.
     supports_priority = False
 
-    def __init__(self, alias, params):
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         self.settings = tasks_queues.options(alias, params)
         self.max_attempts = self.settings.max_attempts
@@ -59,7 +64,7 @@ class TimeoutsBackend(BaseTaskBackend):
         # Here too, for a backend configured after start-up (override_settings in tests).
         tasks_queues.register(self.settings)
 
-    def validate_task(self, task):
+    def validate_task(self, task: "Task") -> None:
         try:
             super().validate_task(task)
         except InvalidTaskOptions:
@@ -70,7 +75,7 @@ class TimeoutsBackend(BaseTaskBackend):
                 message += f" Backend {self.alias!r} serves the queues {', '.join(sorted(self.queues))} (QUEUES)."
             raise InvalidTaskOptions(message) from None
 
-    def enqueue(self, task, args, kwargs):
+    def enqueue(self, task: "Task", args: Sequence[Any], kwargs: Mapping[str, Any]) -> TaskResult:
         self.validate_task(task)
         new, call = self._new_task(task, args, kwargs)
         # Any shard will do (the result id names it): inside the caller's transaction, one it holds.
@@ -111,7 +116,7 @@ class TimeoutsBackend(BaseTaskBackend):
                       max_attempts=self.max_attempts, ttr=self.ttr, on_conflict=None)
         return new, call
 
-    def get_result(self, result_id):
+    def get_result(self, result_id: str) -> TaskResult:
         key = results.parse_result_id(result_id)
         connection = connections[shards.alias_of_job(key["job_id"])]
         # Else it moved since (an operator requeued it), or went with its partition.

@@ -11,7 +11,7 @@ from timeouts.dispatch.claiming import MAX_CLAIM, claim_due
 from timeouts.dispatch.publishing import publish
 from timeouts.limiting import controls, shares
 from timeouts.storage import shards
-from timeouts.store import worker_connection
+from timeouts.store import last_claims, worker_connection
 from timeouts.store.recovery import recover_expired
 
 logger = logging.getLogger(__name__)
@@ -52,4 +52,5 @@ def _scan_shard(deadline) -> int:
         claims = claim_due(batch)
         published += publish(claims)
         if len(claims) < batch or time.monotonic() > deadline:
+            last_claims.note_claim("scan")  # for the health check, once the claims are on their way
             return published

@@ -1,5 +1,6 @@
 """Calls of Celery tasks kept in `timeouts_task` until they are due: the producer side of
-`timeouts.celery.DurableTask` (storing a call, publishing it when it is claimed, cancelling it).
+`timeouts.celery.DurableTask` (storing a call, publishing it when it is claimed, cancelling it;
+in_process.py runs a claimed one in the calling process instead).
 
 A call is one row: biz_type `celery:<task name>` (see `biz_type_for`), biz_id the Celery task_id,
 attribute the call as JSON (`store`). When the row is claimed, `publish_calls` sends the
@@ -16,6 +17,7 @@ import logging
 import math
 import re
 from datetime import datetime, timedelta
+from typing import Protocol
 
 import psycopg
 from celery.utils.nodenames import anon_nodename
@@ -193,27 +195,46 @@ def publish_calls(app, claims, producer, retry_policy, eta_headroom):
     at a later claim. A claim ahead of time goes with a Celery ETA `eta_headroom` before its run_at
     (protocol.ETA_HEADROOM)."""
     for claim in claims:
-        try:
-            call = _readable(claim)
-            message = None if _expired(app, claim, call) else _message(app, claim, call, eta_headroom)
-        except TRANSIENT_ERRORS:
-            raise
-        except Exception as exc:
-            # The call itself (its stored content, or a router that refuses it): given back, it
-            # would fail again at every claim. An operator may requeue it once that is fixed.
-            logger.exception("timeouts: the message of claimed call job %s cannot be made", claim.job_id)
-            end_claim(claim.shard, claim.job_id, claim.action_time, Status.DEAD, f"its message cannot be made: {exc!r}")
-            message = None
-        if message is not None:
-            name, message, options = message
+        made = claimed_message(app, claim, eta_headroom)
+        if made is not None:
+            name, message, options = made
             app.amqp.send_task_message(producer, name, message, serializer="json", retry=True,
                                        retry_policy=retry_policy, **options)
         yield claim
 
 
+def claimed_message(app, claim, eta_headroom):
+    """The claimed call's own message, (name, message, send options); or None, its row ended with
+    the reason: CANCELLED if it expired, DEAD if its message can never be made. A fault of the
+    database, the broker or the network is raised."""
+    try:
+        call = _readable(claim)
+        return None if _expired(app, claim, call) else _message(app, claim, call, eta_headroom)
+    except TRANSIENT_ERRORS:
+        raise
+    except Exception as exc:
+        # The call itself (its stored content, or a router that refuses it): given back, it
+        # would fail again at every claim. An operator may requeue it once that is fixed.
+        logger.exception("timeouts: the message of claimed call job %s cannot be made", claim.job_id)
+        end_claim(claim.shard, claim.job_id, claim.action_time, Status.DEAD, f"its message cannot be made: {exc!r}")
+        return None
+
+
+def run_in_process(claim) -> bool:
+    """The claimed call, run in this process as a worker runs its message (in_process.py)."""
+    from timeouts.durable import in_process
+
+    return in_process.run(claim)
+
+
+# The Request class of DurableTask (its `Request`): the worker's main process starts a call claimed
+# ahead while its message waits for its eta (starts.py). Named, not imported: nothing here loads
+# the worker side.
+REQUEST_CLASS = "timeouts.durable.starts.StartingRequest"
 # Claimed calls come with their attribute, and go as their tasks' own messages.
 KIND = kinds.register(kinds.Kind(PREFIX, "DurableTask", "the Celery calls that timeouts.celery.DurableTask stores",
-                                 claim_returns_attribute=True, publish=publish_calls))
+                                 claim_returns_attribute=True, publish=publish_calls, run_in_process=run_in_process,
+                                 request_class=REQUEST_CLASS))
 
 
 def _readable(claim) -> dict:
@@ -274,8 +295,17 @@ def _message(app, claim, call, eta_headroom):
 
 # --- Cancelling -----------------------------------------------------------------------------------
 
-def cancel(task_id) -> bool:
-    """Cancel every call of `task_id` still waiting; True means none of them will ever start."""
+class _Identified(Protocol):
+    """What carries a task_id: Celery's AsyncResult."""
+
+    @property
+    def id(self) -> str: ...
+
+
+def cancel(task_id: str | _Identified) -> bool:
+    """Cancel every call of `task_id` (a Celery task_id, or its AsyncResult) still waiting; True
+    means none of them will ever start. Inside `transaction.atomic()` the cancel is part of that
+    transaction."""
     if not isinstance(task_id, str):
         task_id = getattr(task_id, "id", task_id)  # an AsyncResult
     task_id = validation.biz_id(task_id)

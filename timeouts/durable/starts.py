@@ -305,7 +305,11 @@ class GiveBackStarts(bootsteps.StartStopStep):
     shutdown = stop
 
 
-@worker_init.connect(dispatch_uid="timeouts.durable.starts")
+def install() -> None:
+    """Connect the signal that adds GiveBackStarts to each worker (TimeoutsConfig.ready() calls this)."""
+    worker_init.connect(_add_consumer_step, dispatch_uid="timeouts.durable.starts")
+
+
 def _add_consumer_step(sender=None, **kwargs):
     """Before the worker builds its consumer, which reads its steps once."""
     sender.app.steps["consumer"].add(GiveBackStarts)

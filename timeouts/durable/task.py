@@ -5,13 +5,13 @@ instead of a broker or a worker's memory (importable as `timeouts.celery.Durable
     @app.task(base=DurableTask)                                    # or one task
 
 - `apply_async` (and `delay`, signatures, `retry`) with an `eta` or `countdown` that is not yet due,
-  by the caller's clock as Celery reckons it: the call becomes a row (celery_calls.py) in the
+  by the caller's clock as Celery reckons it: the call becomes a row (durable/calls.py) in the
   caller's transaction, and the usual AsyncResult comes back. Anything else, and Celery's own
   `celery.*` tasks (chord_unlock polls with a countdown): Celery's apply_async, unchanged.
 - At its time the row is claimed and the task's own message published, with the row's fence. The
   worker starts the task only if the message still owns the row's current attempt (the
   compare-and-set of `timeouts.run`, which the worker's main process runs while a message claimed
-  ahead waits for its eta: call_starts.py): a message published twice runs once, and a cancel
+  ahead waits for its eta: durable/starts.py): a message published twice runs once, and a cancel
   that returned True wins. The row then records the outcome: DONE when the task returned, raised
   Retry (the retry is a call of its own, with the same task_id) or Ignore; DEAD with the reason
   when it raised Reject or anything else, or Celery killed it at its hard time limit (Celery
@@ -24,7 +24,9 @@ instead of a broker or a worker's memory (importable as `timeouts.celery.Durable
 """
 
 import logging
+from collections.abc import Sequence
 from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 from celery import Task
 from celery.exceptions import TimeLimitExceeded
@@ -35,6 +37,12 @@ from timeouts import kinds
 from timeouts.durable import calls as celery_calls
 from timeouts.protocol import FENCE_HEADER, from_header
 from timeouts.storage import shards
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from celery.result import AsyncResult
+
+__all__ = ["DurableTask"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,23 +55,26 @@ TIMEOUTS_OWN = "timeouts."
 class DurableTask(Task):
     """A Celery task whose not-yet-due eta/countdown calls are stored durably by timeouts."""
 
-    #: The worker starts a call received ahead of its eta while the message waits (call_starts.py).
-    Request = "timeouts.durable.starts:StartingRequest"
+    #: The worker starts a call received ahead of its eta while the message waits (durable/starts.py).
+    Request = celery_calls.REQUEST_CLASS
 
     #: Seconds after which a started call whose worker stopped extending its lease (the worker
     #: died) counts as lost, and runs again. None: the call's hard time limit, if it has one,
     #: else TIMEOUTS["DEFAULT_TTR"].
-    ttr = None
+    ttr: int | None = None
 
     @classmethod
-    def on_bound(cls, app):
+    def on_bound(cls, app: "Celery") -> None:
         """Celery binds each task class to its app: the admin then offers its calls' biz_type."""
         super().on_bound(app)
         if cls.name and not cls.name.startswith((CELERY_INTERNAL, TIMEOUTS_OWN)):
             kinds.note(celery_calls.biz_type_for(cls.name))
 
-    def apply_async(self, args=None, kwargs=None, task_id=None, producer=None, link=None, link_error=None,
-                    shadow=None, **options):
+    def apply_async(self, args: Sequence[Any] | None = None, kwargs: dict[str, Any] | None = None,
+                    task_id: str | None = None, producer: Any = None, link: Any = None, link_error: Any = None,
+                    shadow: str | None = None, **options: Any) -> "AsyncResult":
+        """Celery's apply_async(); with an `eta` or `countdown` not yet due, the call is stored in
+        timeouts' table (in the caller's transaction, if any) and published when it is due."""
         headers = options.get("headers")
         if headers and FENCE_HEADER in headers:
             # A retry copies the request's headers: the fence belongs to the message that ran.
@@ -101,14 +112,14 @@ class DurableTask(Task):
                 parent.add_trail(result)
         return result
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
         fields = None if request.called_directly else (request.headers or {}).get(FENCE_HEADER)
         if not fields:
             return super().__call__(*args, **kwargs)
         return _run_fenced(self, from_header(fields), super().__call__, args, kwargs)
 
-    def on_failure(self, exc, task_id, args, kwargs, einfo):
+    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         """Celery's worker calls this in its main process when it killed a task at its hard time
         limit: the task's own process cannot record that outcome."""
         if isinstance(exc, TimeLimitExceeded):

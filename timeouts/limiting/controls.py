@@ -21,7 +21,7 @@ overridden the same way, and read by the worker's compare-and-set rather than by
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import connections, transaction
 
 from timeouts import lateness
 from timeouts.conf import notify_params
@@ -47,19 +47,23 @@ class Limits:
     on_late: str = "run"
 
 
-class _Unchanged:
-    def __repr__(self):
+class Unchanged:
+    """The type of UNCHANGED."""
+
+    def __repr__(self) -> str:
         return "<unchanged>"
 
 
 #: set_limits()' default for the lateness policy: left as it is.
-UNCHANGED = _Unchanged()
+UNCHANGED = Unchanged()
 
 
-def limits(biz_type, *, using=DEFAULT_DB_ALIAS) -> Limits:
-    """The limits in force for `biz_type` now: `set_limits()`' override, else the handler's own."""
+def limits(biz_type: str, *, using: str | None = None) -> Limits:
+    """The limits in force for `biz_type` now: `set_limits()`' override, else the handler's own.
+    `using`: the database (shard) to read them from; by default the first shard (every shard holds
+    the same, as the functions below write them to every one)."""
     check_known(biz_type)
-    row = fetch_one("limits_of", {"biz_type": biz_type}, using=connections[using])
+    row = fetch_one("limits_of", {"biz_type": biz_type}, using=connections[using or shards.aliases()[0]])
     if row is None:
         # Nothing stored yet: the handler's own values, which the next scan declares.
         rate_limit, concurrency, max_lateness, on_late = _declared(biz_type)
@@ -67,8 +71,9 @@ def limits(biz_type, *, using=DEFAULT_DB_ALIAS) -> Limits:
     return Limits(row["rate_limit"], row["concurrency"], row["paused"], row["max_lateness"], row["on_late"])
 
 
-def set_limits(biz_type, rate_limit=None, concurrency=None, *, max_lateness=UNCHANGED, on_late=UNCHANGED,
-               using=None) -> None:
+def set_limits(biz_type: str, rate_limit: float | None = None, concurrency: int | None = None, *,
+               max_lateness: timedelta | None | Unchanged = UNCHANGED, on_late: str | Unchanged = UNCHANGED,
+               using: str | None = None) -> None:
     """Replace the handler's own limits of `biz_type` with these (None: no limit), in the database,
     until the next set_limits() or reset_limits(). In force at every claimer's next claim. A rate
     from one start a day to a million a second, a concurrency from 1 to a million (validation.py);
@@ -90,20 +95,20 @@ def set_limits(biz_type, rate_limit=None, concurrency=None, *, max_lateness=UNCH
     _change_all(changes, biz_type, using)
 
 
-def reset_limits(biz_type, *, using=None) -> None:
+def reset_limits(biz_type: str, *, using: str | None = None) -> None:
     """Drop set_limits()' override of `biz_type`: the handler's own limits are in force again."""
     check_known(biz_type)
     _change("reset_limits", biz_type, using)
 
 
-def pause(biz_type, *, using=None) -> None:
+def pause(biz_type: str, *, using: str | None = None) -> None:
     """No task of `biz_type` is claimed until resume(); tasks already claimed or running finish as
     usual. Its due tasks wait, PENDING, and count as late."""
     check_known(biz_type)
     _change("pause_biz_type", biz_type, using, paused=True)
 
 
-def resume(biz_type, *, using=None) -> None:
+def resume(biz_type: str, *, using: str | None = None) -> None:
     """Undo pause(): the due tasks of `biz_type` are claimed again, oldest first, within its limits."""
     check_known(biz_type)
     _change("pause_biz_type", biz_type, using, paused=False)

@@ -1,4 +1,4 @@
-"""`timeouts_stats` over several shards: each shard's report (stats.report()), and totals over the
+"""`timeouts_stats` over several shards: each shard's report (database_report.py), and totals over the
 shards that answered. Counts add up; the lateness percentiles are computed again from every shard's
 quantiles (`lateness_points()`), since percentiles of parts do not add up to the whole's."""
 
@@ -8,7 +8,8 @@ from datetime import timedelta
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from timeouts.states import Status
-from timeouts.stats import Count, report
+from timeouts.stats.counting import Count
+from timeouts.stats.database_report import report
 from timeouts.store.queries import fetch_one
 
 # Quantiles of the lateness each shard sends for the merged percentiles: the merge is exact while a

@@ -1,10 +1,13 @@
-"""The report of `manage.py timeouts_stats` as text: one database's (stats.report()), or the totals
+"""The report of `manage.py timeouts_stats` as text: one database's (database_report.py), or the totals
 and the per-shard table of several (shard_totals.report_of_shards())."""
 
 from datetime import datetime
 
 from timeouts.states import Status
-from timeouts.stats import OVERDUE_LIMIT, Count, human_bytes, seconds, shard_totals
+from timeouts.stats import shard_totals
+from timeouts.stats.counting import Count
+from timeouts.stats.per_biz_type import OVERDUE_LIMIT
+from timeouts.stats.units import human_bytes, seconds
 
 
 def format_report(data) -> str:

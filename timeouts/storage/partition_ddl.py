@@ -7,8 +7,9 @@ any lock of SHARE or stronger on any partition waits for open claims and queues 
 behind it. What each step takes:
 
 - CREATE TABLE .. (LIKE timeouts_task ..): ACCESS SHARE on the parent only. Conflicts with nothing.
-- Moving rows (DELETE FROM the DEFAULT partition .. INSERT): ROW EXCLUSIVE on DEFAULT, plus the row
-  locks of the moved rows: waits only for rows a claim or a cancel has locked.
+- Moving the rows parked in DEFAULT (store/parked_rows.py: DELETE FROM the DEFAULT partition ..
+  INSERT): ROW EXCLUSIVE on DEFAULT, plus the row locks of the moved rows: waits only for rows a
+  claim or a cancel has locked.
 - ATTACH PARTITION: SHARE UPDATE EXCLUSIVE on the parent (claims unaffected), ACCESS EXCLUSIVE on
   the new table (nobody else can see it yet), and ACCESS EXCLUSIVE on the DEFAULT partition, held
   until commit, while it scans DEFAULT for rows of the new range (longer the more rows are parked
@@ -31,10 +32,10 @@ from django.db import DatabaseError, transaction
 from psycopg import sql
 
 from timeouts.states import UNFINISHED, Status
-from timeouts.store.queries import execute, fetch_dicts, fetch_one
+from timeouts.store import parked_rows
+from timeouts.store.queries import execute, fetch_one
 
 PARENT = "timeouts_task"
-DEFAULT = "timeouts_task_default"
 LOCK_TIMEOUT = "500ms"
 ATTEMPTS = 4
 FIRST_BACKOFF = 0.1  # seconds, doubled after each attempt
@@ -103,7 +104,7 @@ def _range_condition(lower, upper):
     return sql.SQL("action_time >= {} AND action_time < {}").format(sql.Literal(lower), sql.Literal(upper))
 
 
-def create_partition(connection, name, lower, upper, columns):
+def create_partition(connection, name, lower, upper):
     """Create partition `name` for [lower, upper), moving the rows of that range out of DEFAULT.
     Returns how many rows were moved. Never CREATE TABLE .. PARTITION OF: that takes ACCESS
     EXCLUSIVE on the parent, behind every open claim."""
@@ -116,35 +117,31 @@ def create_partition(connection, name, lower, upper, columns):
         run(sql.SQL(
             "CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)"
         ).format(sql.Identifier(name), sql.Identifier(PARENT)))
-        return _fill_and_attach(run, name, lower, upper, columns)
+        return _fill_and_attach(connection, run, name, lower, upper)
 
     return run_step(connection, step)
 
 
-def reattach(connection, name, lower, upper, columns):
+def reattach(connection, name, lower, upper):
     """Attach a table this maintenance had detached again (it turned out to hold unfinished tasks)."""
 
     def step(run):
-        moved = _fill_and_attach(run, name, lower, upper, columns)
+        moved = _fill_and_attach(connection, run, name, lower, upper)
         run(sql.SQL("COMMENT ON TABLE {} IS NULL").format(sql.Identifier(name)))
         return moved
 
     return run_step(connection, step)
 
 
-def _fill_and_attach(run, name, lower, upper, columns):
+def _fill_and_attach(connection, run, name, lower, upper):
     table = sql.Identifier(name)
     bounds_check = sql.Identifier(f"{name}_bounds")
     # Proves to ATTACH that every row fits the range, so it does not scan the table.
     run(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} CHECK ({})").format(
         table, bounds_check, _range_condition(lower, upper)))
     # ATTACH refuses a range for which DEFAULT still holds rows: move them first, same transaction.
-    column_list = sql.SQL(", ").join(map(sql.Identifier, columns))
-    moved = run(sql.SQL(
-        "WITH moved AS (DELETE FROM {default} WHERE {condition} RETURNING {columns}) "
-        "INSERT INTO {table} ({columns}) SELECT {columns} FROM moved"
-    ).format(default=sql.Identifier(DEFAULT), condition=_range_condition(lower, upper),
-             columns=column_list, table=table))
+    # Task rows are the store's to write: the one statement of this DDL that writes them is its.
+    moved = parked_rows.move_into(name, lower, upper, using=connection)
     run(sql.SQL("ALTER TABLE {} ATTACH PARTITION {} FOR VALUES FROM ({}) TO ({})").format(
         sql.Identifier(PARENT), table, sql.Literal(lower), sql.Literal(upper)))
     # Redundant with the partition bound now; dropped so inserts do not check it twice.
@@ -183,6 +180,3 @@ def unfinished_reason(counts) -> str | None:
         return None
     return f"{sum(unfinished.values())} unfinished task(s): " + ", ".join(f"{k}={v}" for k, v in unfinished.items())
 
-
-def column_names(connection) -> list[str]:
-    return [row["name"] for row in fetch_dicts("parent_columns", using=connection)]

@@ -198,7 +198,6 @@ class _Run:
         self.connection = connection
         self.report = report
         self.settings = settings
-        self.columns = ddl.column_names(connection)
         # Set once a step gave up for want of a lock: every later step needs the same locks (DEFAULT
         # or the parent), so they are reported as not attempted instead of each waiting in turn.
         self.lock_busy = False
@@ -245,7 +244,7 @@ class _Run:
                 moved = fetch_one("default_rows_between", {"lower": lower, "upper": upper}, using=self.connection)
                 done = (True, moved["rows"])
             else:
-                done = self._step(name, ddl.create_partition, lower, upper, self.columns)
+                done = self._step(name, ddl.create_partition, lower, upper)
             if done:
                 self.report.created.append(name)
                 self.report.moved_rows[name] = done[1]
@@ -283,7 +282,7 @@ class _Run:
                 self._dropped(name, why)
             return
         bounds = bounds_from_name(name)
-        if bounds and self._step(name, ddl.reattach, *bounds, self.columns):
+        if bounds and self._step(name, ddl.reattach, *bounds):
             self.report.kept[name] = f"{reason} (arrived while it was being dropped: attached again)"
         elif not bounds:
             self.report.failed[name] = f"detached with {reason}, but its bounds cannot be read from its name"

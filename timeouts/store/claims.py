@@ -1,10 +1,13 @@
 """Claims: the statement that takes due tasks (PENDING -> DISPATCHED, with a lease), the one that
-gives unpublished claims back, and the end of a claim that its publisher ends rather than publishes."""
+gives unpublished claims back, the end of a claim that its publisher ends rather than publishes,
+and the claim of one task at a time that timeouts.testing runs in the calling process."""
+
+from django.db import connections
 
 from timeouts.conf import notify_params
 from timeouts.states import Status
 from timeouts.store import worker_connection
-from timeouts.store.queries import execute, fetch_dicts
+from timeouts.store.queries import execute, fetch_dicts, fetch_one
 from timeouts.store.serialization import retry_on_conflict
 
 
@@ -29,3 +32,13 @@ def end_claim(shard: str, job_id: int, action_time, status: Status, error: str) 
     params = {"job_id": job_id, "action_time": action_time, "status": int(status), "error": error}
     db = worker_connection.for_shard(shard)
     return bool(retry_on_conflict(lambda: fetch_dicts("end_claim", params, using=db), using=shard))
+
+
+def claim_oldest_due(alias: str, until, since, biz_type: str | None) -> dict | None:
+    """Claim the oldest PENDING task of the shard `alias` due by `until`, or, given `since`, scheduled
+    since then to be due at once; of `biz_type`, if given (claim_oldest_due). On Django's connection
+    to the shard, in the caller's transaction if there is one (timeouts.testing.run_due). The row it
+    made DISPATCHED, with its attribute, or None."""
+    params = {"until": until, "since": since, "biz_type": biz_type}
+    db = connections[alias]
+    return retry_on_conflict(lambda: fetch_one("claim_oldest_due", params, using=db), using=alias)

@@ -10,7 +10,8 @@ A piece of SQL that several queries share (a CTE, a subquery) is written once, u
 `-- part: <name>` header, and a query takes it in with a line that starts with `{<name>}` (indented as
 that line is; the rest of the line follows it). Two kinds of variant are derived from the queries
 here, by one checked text replacement each, rather than written out again: insert_task_autocommit,
-and the worker's updates run on one partition (on_partition()).
+and the worker's updates run on one partition (on_partition()). A query that names the partition
+it works on writes `{partition}`, which on_partition() fills in too.
 """
 
 import functools
@@ -113,7 +114,8 @@ if QUERIES["insert_task"].count(NOTIFY_ONCE_PER_TRANSACTION) != 1:
     raise ValueError(f"insert_task must notify exactly once through {NOTIFY_ONCE_PER_TRANSACTION!r}")
 QUERIES["insert_task_autocommit"] = QUERIES["insert_task"].replace(NOTIFY_ONCE_PER_TRANSACTION, NOTIFY_ITSELF)
 
-# The queries every task runs: schedule()'s INSERT, the claim, the worker's compare-and-set and its
+# The queries every task runs: schedule()'s INSERT (and, with on_conflict, the default, the key's
+# lock and the read of its waiting task before it), the claim, the worker's compare-and-set and its
 # outcome. They bind parameters on the server, so psycopg can prepare them: PostgreSQL then skips
 # parsing them, and for the INSERT and the claim planning too (docs: explanation/benchmarks). Django
 # turns preparing off unless the host sets DATABASES OPTIONS "prepare_threshold" (not behind a
@@ -121,7 +123,8 @@ QUERIES["insert_task_autocommit"] = QUERIES["insert_task"].replace(NOTIFY_ONCE_P
 # prepares unless OPTIONS say None (worker_connection.py). Django's own cursors bind on the client and
 # never prepare, so nothing else of the host's changes. A migration that adds a column is harmless:
 # psycopg prepares again (test_prepared.py).
-PREPARED = frozenset({"insert_task", "insert_task_autocommit", "claim_due", "start_task", "finish_task",
+PREPARED = frozenset({"insert_task", "insert_task_autocommit", "lock_biz_key", "waiting_tasks_for_key",
+                      "claim_due", "start_task", "finish_task",
                       "finish_then_start_task", "fail_task", "confirm_start",
                       "tasks_backend_started", "tasks_backend_returned", "tasks_backend_failed"})
 
@@ -130,7 +133,8 @@ def execute(name, params=None, *, using=None, partition=None):
     """Run a named query and return the cursor (rows not fetched): on `using` (a Django connection, or
     a bare psycopg one, whose cursors bind on the server already), else on the connection timeouts'
     statements use in this thread (worker_connection.current(): Django's, or a worker's own).
-    `partition`: run one of the ON_PARTITION queries on that partition of timeouts_task."""
+    `partition`: run one of the ON_PARTITION queries on that partition of timeouts_task, or one of
+    NAMING_A_PARTITION on it (those need one)."""
     db = using or worker_connection.current()
     if name in PREPARED and isinstance(db, BaseDatabaseWrapper):
         cursor = _kept_cursor(db, name)
@@ -162,6 +166,10 @@ PARTITION_KEY = r"WHERE job_id = \1 AND action_time IS NOT DISTINCT FROM \2"
 for _name in ON_PARTITION:  # one key per UPDATE (finish_then_start_task has two)
     if not QUERIES[_name].count(PARENT_UPDATE) == len(PARENT_KEY.findall(QUERIES[_name])) >= 1:
         raise ValueError(f"query {_name!r} must update through {PARENT_UPDATE.strip()!r} by {PARENT_KEY.pattern!r}")
+# The queries that name the partition they work on where they write PARTITION_SLOT (moving the rows
+# parked in DEFAULT into the partition made for them, partition_ddl.py): run on one only.
+PARTITION_SLOT = "{partition}"
+NAMING_A_PARTITION = frozenset(name for name, text in QUERIES.items() if PARTITION_SLOT in text)
 # The names of timeouts' own partitions (partitions.py), which need no quoting. A message's
 # partition is spliced into SQL, so only such a name ever is; for any other (a partition in a schema
 # outside the search_path comes back qualified) the task runs through the parent.
@@ -174,9 +182,12 @@ def is_partition_name(name) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def on_partition(name: str, partition: str) -> str:
-    """The text of query `name` run on `partition` instead of on the partitioned parent."""
-    if name not in ON_PARTITION or not is_partition_name(partition):
+    """The text of query `name` run on `partition`: instead of on the partitioned parent (ON_PARTITION),
+    or where it names its partition (NAMING_A_PARTITION)."""
+    if name not in ON_PARTITION | NAMING_A_PARTITION or not is_partition_name(partition):
         raise ValueError(f"query {name!r} cannot run on partition {partition!r}")
+    if name in NAMING_A_PARTITION:
+        return QUERIES[name].replace(PARTITION_SLOT, partition)
     query = QUERIES[name].replace(PARENT_UPDATE, f"\nUPDATE {partition} AS timeouts_task\n")
     return PARENT_KEY.sub(PARTITION_KEY, query)
 

@@ -4,26 +4,62 @@ Input is validated completely before the first statement, so a rejected call sto
 Both run in the caller's transaction when there is one: a rollback means the task never existed.
 With several shards, a call inside a transaction whose task goes to a shard outside it is refused
 (shards.require_transaction()).
+
+`on_conflict` keeps at most one waiting task per (biz_type, biz_id): the key's transaction-level
+advisory lock (lock_biz_key) orders the callers of one key, so each sees what the one before it
+committed. bulk_schedule() takes the locks of all its keys in one statement, in one order every
+caller follows (so two batches never wait for each other in a circle), reads the waiting tasks of
+all of them in one statement, and settles each key in the order of the batch (_settle()): an item
+meets the key's waiting task, or an earlier item of the same key, as schedule() would.
+
+Each lock is an entry of PostgreSQL's shared lock table, which holds some thousands in all
+(max_locks_per_transaction per connection) and refuses more with "out of shared memory". So a
+key's lock comes after a shared lock on its bucket, one of KEY_BUCKETS, and a batch of more than
+MAX_KEY_LOCKS keys locks the buckets of its keys instead, exclusively: whatever its size, it holds
+at most that many entries, and it still excludes every other caller on its keys.
 """
 
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
+from typing import Any
 
 from django.db import connections, transaction
 
-from timeouts import events, validation
+from timeouts import events, tracing, validation
 from timeouts.conf import get_settings, notify_params
 from timeouts.errors import TaskConflict, TimeoutsError
 from timeouts.registry import get_handler
 from timeouts.states import WAITING
 from timeouts.storage import shards
 from timeouts.store.queries import execute, fetch_dicts, fetch_one, fetch_values
+from timeouts.store.serialization import retry_on_conflict
+from timeouts.validation import DEFAULT_ON_CONFLICT
 
-# First key of the two-key advisory lock, so our locks cannot collide with the host's one-key locks.
+# First key of the two-key advisory locks, so our locks cannot collide with the host's one-key
+# locks: one namespace for the keys, one for their buckets.
 ADVISORY_LOCK_NAMESPACE = 0x74696D65  # "time"
+BUCKET_LOCK_NAMESPACE = 0x74696D62  # "timb"
+# A key's bucket: the low bits of its lock's hash (a power of two, so a mask).
+KEY_BUCKETS = 64
+# The most keys a batch locks one by one; a larger batch locks their buckets.
+MAX_KEY_LOCKS = 1024
 
-COPY_COLUMNS = ("biz_type", "biz_id", "action_time", "run_at", "attribute", "max_attempts", "ttr")
+
+def lock_params() -> dict:
+    """The advisory locks' namespaces, for lock_biz_key and lock_biz_keys."""
+    return {"namespace": ADVISORY_LOCK_NAMESPACE, "bucket_namespace": BUCKET_LOCK_NAMESPACE,
+            "bucket_mask": KEY_BUCKETS - 1}
+
+
+def lock_key(key: dict, connection) -> None:
+    """The lock of one (biz_type, biz_id), until the transaction ends."""
+    execute("lock_biz_key", {**lock_params(), **key}, using=connection).close()
+
+COPY_COLUMNS = ("biz_type", "biz_id", "action_time", "run_at", "attribute", "max_attempts", "ttr", "trace_context")
 
 
 @dataclass(frozen=True)
@@ -38,7 +74,8 @@ class NewTask:
     on_conflict: str | None
 
     def params(self, slot: int | None = None):
-        """insert_task's parameters; `slot`: the task's (shards.place()), by default its biz_id's."""
+        """insert_task's parameters; `slot`: the task's (shards.place()), by default its biz_id's. With
+        the trace context of the caller, now (tracing.py)."""
         return {
             "slot": shards.slot_of(self.biz_id) if slot is None else slot,
             "biz_type": self.biz_type,
@@ -48,11 +85,12 @@ class NewTask:
             "attribute": self.attribute,
             "max_attempts": self.max_attempts,
             "ttr": self.ttr,
+            "trace_context": tracing.stored_context(),
             **notify_params(),
         }
 
 
-def prepare(biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=None) -> NewTask:
+def prepare(biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=DEFAULT_ON_CONFLICT) -> NewTask:
     settings = get_settings()
     handler = get_handler(biz_type)
     at, delay = validation.action_time(at, delay)
@@ -68,16 +106,24 @@ def prepare(biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflic
     )
 
 
-def schedule(model, biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=None, using=None):
+def schedule(model, biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=DEFAULT_ON_CONFLICT,
+             using=None):
     """`using`: the shard, when the caller chose it; else the one the task's key belongs to."""
     new = prepare(biz_type, biz_id, at=at, delay=delay, attribute=attribute, on_conflict=on_conflict)
     where = shards.place(new.biz_type, new.biz_id, using)
     _require_transaction([where.alias], f"the task {new.biz_type}:{new.biz_id}", chosen=using is not None)
     if new.on_conflict is None:
         return events.scheduled(insert(model, new, where, connections[where.alias]), where.alias)
-    with transaction.atomic(using=where.alias):
-        task, _created = _schedule_keyed(model, new, where)
+    # The key's waiting task may move to another partition (a reschedule) while it is read FOR
+    # UPDATE (40001): the whole step runs again, lock included.
+    task, _created = retry_on_conflict(partial(_schedule_keyed_in_transaction, model, new, where), using=where.alias)
     return task
+
+
+def _schedule_keyed_in_transaction(model, new: NewTask, where: shards.Place):
+    # savepoint=False: inside the caller's transaction, retry_on_conflict() has opened the savepoint.
+    with transaction.atomic(using=where.alias, savepoint=False):
+        return _schedule_keyed(model, new, where)
 
 
 def _schedule_keyed(model, new: NewTask, where: shards.Place):
@@ -91,15 +137,11 @@ def _schedule_keyed(model, new: NewTask, where: shards.Place):
     using = where.alias
     connection = connections[using]
     key = {"biz_type": new.biz_type, "biz_id": new.biz_id}
-    execute("lock_biz_key", {"namespace": ADVISORY_LOCK_NAMESPACE, **key}, using=connection).close()
+    lock_key(key, connection)
     waiting = fetch_dicts("waiting_tasks_for_key", key, using=connection)
     if waiting:
         if new.on_conflict == "error":
-            first = waiting[0]
-            raise TaskConflict(
-                f"{new.biz_type}:{new.biz_id} already has a task waiting to run "
-                f"(job_id {first['job_id']}, due {first['action_time'].isoformat()})"
-            )
+            raise _conflict(new, waiting[0])
         if new.on_conflict == "keep":
             return model._from_row(waiting[0], using), False
         replaced = execute("cancel_by_key", {**key, "statuses": list(WAITING)}, using=connection)
@@ -122,34 +164,44 @@ def insert(model, new: NewTask, where: shards.Place, connection):
     )
 
 
-def bulk_schedule(model, items, *, using=None) -> int:
+def _conflict(new: NewTask, waiting: dict, prefix: str = "") -> TaskConflict:
+    return TaskConflict(f"{prefix}{new.biz_type}:{new.biz_id} already has a task waiting to run "
+                        f"(job_id {waiting['job_id']}, due {waiting['action_time'].isoformat()})")
+
+
+def bulk_schedule(model, items: Iterable[Mapping[str, Any]], *, using: str | None = None) -> int:
     """Schedule every item or none; returns how many tasks were created. Input is checked before
-    anything is written. With several shards, each shard's tasks are written in a transaction of
-    that shard, all committed together at the end: only a shard that fails at its own commit can
-    leave the others' tasks stored. `using`: one shard for all, when the caller chose it."""
-    if isinstance(items, (str, bytes, dict)) or not hasattr(items, "__iter__"):
+    anything is written; a conflict (on_conflict="error", with a waiting task or with an earlier
+    item of the batch) stores nothing either. With several shards, each shard's tasks are written
+    in a transaction of that shard, all committed together at the end: only a shard that fails at
+    its own commit can leave the others' tasks stored. `using`: one shard for all, when the caller
+    chose it."""
+    if isinstance(items, (str, bytes, Mapping)) or not hasattr(items, "__iter__"):
         raise TimeoutsError(f"bulk_schedule() takes an iterable of dicts, got {type(items).__name__}")
     prepared = []
     for index, item in enumerate(items):
-        if not isinstance(item, dict):
+        if not isinstance(item, Mapping):
             raise TimeoutsError(f"item {index}: expected a dict of schedule() arguments, got {type(item).__name__}")
         try:
-            prepared.append(prepare(**item))
+            prepared.append((index, prepare(**item)))
         except TypeError as exc:  # unexpected or missing keys
             raise TimeoutsError(f"item {index}: {exc}") from None
         except TimeoutsError as exc:
             raise type(exc)(f"item {index}: {exc}") from None
     if not prepared:
         return 0
-    by_shard = {}
-    for new in prepared:
+    by_shard: dict[str, list[tuple[int, NewTask, shards.Place]]] = {}
+    for index, new in prepared:
         where = shards.place(new.biz_type, new.biz_id, using)
-        by_shard.setdefault(where.alias, []).append((new, where))
+        by_shard.setdefault(where.alias, []).append((index, new, where))
     _require_transaction(by_shard, f"part of bulk_schedule()'s {len(prepared)} task(s)", chosen=using is not None)
+    # Shards in one order for every caller, as the keys within a shard: the locks of two batches
+    # never wait for each other in a circle.
+    aliases = sorted(by_shard)
     with ExitStack() as transactions:
-        for alias in by_shard:
+        for alias in aliases:
             transactions.enter_context(transaction.atomic(using=alias))
-        return sum(_bulk_schedule_on(model, alias, placed) for alias, placed in by_shard.items())
+        return sum(_bulk_schedule_on(model, alias, by_shard[alias]) for alias in aliases)
 
 
 def _require_transaction(aliases, what, *, chosen):
@@ -166,20 +218,63 @@ def _require_transaction(aliases, what, *, chosen):
 
 
 def _bulk_schedule_on(model, alias, placed) -> int:
-    """One shard's part of bulk_schedule(), inside its transaction."""
+    """One shard's part of bulk_schedule(), inside its transaction, in as many statements whatever
+    the batch's size: the locks of its keys, their waiting tasks, the cancel of those it replaces,
+    the COPY (with its job ids and one reading of the clock) and the NOTIFY."""
     connection = connections[alias]
-    plain = [(new, where) for new, where in placed if new.on_conflict is None]
-    created = 0
-    if plain:
-        earliest = _copy(plain, connection)
+    keys = sorted({(new.biz_type, new.biz_id) for _, new, _ in placed if new.on_conflict is not None})
+    waiting: dict[tuple[str, str], list[dict]] = {}
+    if keys:
+        params = {"biz_types": [biz_type for biz_type, _ in keys], "biz_ids": [biz_id for _, biz_id in keys]}
+        execute("lock_biz_keys", {**lock_params(), **params, "by_bucket": len(keys) > MAX_KEY_LOCKS},
+                using=connection).close()
+        rows = retry_on_conflict(partial(fetch_dicts, "waiting_tasks_for_keys", params, using=connection), using=alias)
+        for row in rows:
+            waiting.setdefault((row["biz_type"], row["biz_id"]), []).append(row)
+    rows, replaced = _settle(placed, waiting)
+    if replaced:
+        # Locked above (FOR UPDATE): still waiting, and where they were read.
+        cancelled = fetch_dicts("cancel_waiting_tasks", {"job_ids": [row["job_id"] for row in replaced],
+                                                         "action_times": [row["action_time"] for row in replaced]},
+                                using=connection)
+        for biz_type, count in Counter(row["biz_type"] for row in cancelled).items():
+            events.cancelled(biz_type, count, alias)
+    if rows:
+        earliest = _copy(rows, connection)
         execute("notify_deadline", {"deadline": earliest, **notify_params()}, using=connection).close()
-        created += len(plain)
-        events.scheduled_batch((new.biz_type for new, _ in plain), alias)
-    for new, where in placed:
-        if new.on_conflict is not None:
-            _task, was_created = _schedule_keyed(model, new, where)
-            created += was_created
-    return created
+        events.scheduled_batch((new.biz_type for new, _ in rows), alias)
+    return len(rows)
+
+
+def _settle(placed, waiting: dict[tuple[str, str], list[dict]]):
+    """What a batch does to its keys, item by item in its order, as schedule() calls one after the
+    other would: returns the (new, where) to insert and the waiting rows that "replace" cancels, or
+    raises TaskConflict for an "error" item whose key has a waiting task, or an earlier item of the
+    batch (then nothing is stored). `waiting`: the waiting tasks of the keys that an item with an
+    on_conflict names."""
+    inserted: dict[int, tuple[NewTask, shards.Place]] = {}  # by the item's index, in batch order
+    replaced: list[dict] = []
+    stored = {key: list(rows) for key, rows in waiting.items()}  # still waiting, as far as the batch knows
+    batched: dict[tuple[str, str], list[int]] = {}  # the items of each key that would be inserted so far
+    for index, new, where in placed:
+        key = (new.biz_type, new.biz_id)
+        before, earlier = stored.setdefault(key, []), batched.setdefault(key, [])
+        if new.on_conflict is not None and (before or earlier):
+            if new.on_conflict == "error":
+                if before:
+                    raise _conflict(new, before[0], prefix=f"item {index}: ")
+                raise TaskConflict(f"item {index}: item {earlier[0]} of the same batch schedules "
+                                   f"{new.biz_type}:{new.biz_id} already")
+            if new.on_conflict == "keep":
+                continue
+            replaced += before  # "replace"
+            before.clear()
+            for item in earlier:
+                del inserted[item]
+            earlier.clear()
+        inserted[index] = (new, where)
+        earlier.append(index)
+    return list(inserted.values()), replaced
 
 
 def _copy(rows, connection):
@@ -189,11 +284,13 @@ def _copy(rows, connection):
         # One reading of the database clock for the whole batch.
         now = fetch_one("database_now", using=connection)["now"]
     job_ids = _job_ids(connection, [where.slot for _, where in rows])
+    trace_context = tracing.stored_context()  # the caller's, the same for the whole batch
     statement = f"COPY timeouts_task ({', '.join(('job_id', *COPY_COLUMNS))}) FROM STDIN"
     with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
         for (new, _), job_id in zip(rows, job_ids, strict=True):
             at = new.at if new.delay is None else now + new.delay
-            copy.write_row((job_id, new.biz_type, new.biz_id, at, at, new.attribute, new.max_attempts, new.ttr))
+            copy.write_row((job_id, new.biz_type, new.biz_id, at, at, new.attribute, new.max_attempts, new.ttr,
+                            trace_context))
             earliest = at if earliest is None else min(earliest, at)
     return earliest
 

@@ -37,12 +37,20 @@ from django.db import DEFAULT_DB_ALIAS, connections
 PSYCOPG_PREPARE_THRESHOLD = 5
 
 _local = threading.local()
+# The attribute that marks a connection as timeouts' own (is_own).
+OWN = "timeouts_own"
 
 
 def current():
     """The connection timeouts' statements use in this thread now: its own inside `used()`, else
     Django's for the first shard."""
     return getattr(_local, "active", None) or connections[DEFAULT_DB_ALIAS]
+
+
+def is_own(db) -> bool:
+    """Whether `db` is one of timeouts' own connections (a worker's), not Django's, which the
+    caller's process uses (an eager task, timeouts.testing.run_due)."""
+    return getattr(db, OWN, False)
 
 
 def for_shard(alias):
@@ -95,6 +103,7 @@ def _connection(alias):
         options.setdefault("prepare_threshold", PSYCOPG_PREPARE_THRESHOLD)
         options.pop("pool", None)
         wrapper = kept[1][alias] = type(django_connection)(settings_dict, alias)
+        setattr(wrapper, OWN, True)
     return wrapper
 
 

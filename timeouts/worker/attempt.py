@@ -15,6 +15,10 @@ recovery moves the task on, as when the worker is killed.
 
 What differs between kinds of work (a handler, a stored Celery call) is a `Kind`: how the body is
 called, which statement records its ending, and what counts as an error.
+
+In the caller's process (an eager task, timeouts.testing.run_due) the attempt's statements go to
+Django's connection, maybe inside the caller's transaction: no heartbeat then, and the body runs in
+a savepoint of that transaction, so that a database error of its own leaves the ending writable.
 """
 
 import logging
@@ -22,12 +26,14 @@ import random
 import sys
 import time
 import traceback
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import NamedTuple
 
 from celery.exceptions import WorkerShutdown, WorkerTerminate
+from django.db import DEFAULT_DB_ALIAS, transaction
+from psycopg.pq import TransactionStatus
 
-from timeouts import events
+from timeouts import events, tracing
 from timeouts.models import TimeoutTask
 from timeouts.protocol import Fence
 from timeouts.store import attempts, worker_connection
@@ -126,8 +132,9 @@ def run(kind: Kind, fence: Fence, lease_extra: float = 0.0, previous: Done | Non
     outcome or None, its Done or None)."""
     with kind.database(fence):
         db = worker_connection.current()
+        in_callers_process, in_transaction = not worker_connection.is_own(db), db.in_atomic_block
         # Inside a host's transaction (an eager task) a missing partition would abort it: no shortcut.
-        partition = fence.partition if is_partition_name(fence.partition) and not db.in_atomic_block else None
+        partition = fence.partition if is_partition_name(fence.partition) and not in_transaction else None
         shard = db.alias
         previous_outcome = None
         if fence.started is not None:
@@ -142,16 +149,30 @@ def run(kind: Kind, fence: Fence, lease_extra: float = 0.0, previous: Done | Non
     if task.status != TimeoutTask.Status.RUNNING:
         return previous_outcome, kind.ended_late(task, fence), None
     faults.fault("run.after_start")
-    lease = leases.heartbeat.add(shard, fence.key, fence.attempt, task.ttr) if kind.keeps_lease() else None
+    # In the caller's process the body ends before the caller goes on, and the heartbeat's own
+    # connection could not see a row of the caller's transaction (or would wait for it).
+    keeps_lease = kind.keeps_lease() and not in_callers_process
+    lease = leases.heartbeat.add(shard, fence.key, fence.attempt, task.ttr) if keeps_lease else None
+    span = tracing.run_started(task, fence, task._trace_context)  # None unless tracing is on
     try:
-        kind.ready(task, fence)
-        events.started(task, fence.attempt)
-        kind.call(task, fence)
+        with tracing.active(span):
+            kind.ready(task, fence)
+            events.started(task, fence.attempt)
+            with _apart(db) if in_transaction else nullcontext():
+                kind.call(task, fence)
     except BaseException as exc:
         if stops_the_worker(exc):
+            tracing.run_ended(span, "stopped")
             raise
         leases.heartbeat.remove(lease)
-        outcome = _record(Done(kind, task, fence, partition, kind.ending(task, exc)))
+        ending = kind.ending(task, exc)
+        if ending.outcome != "done":  # a stored call's Celery Retry or Ignore is no failure
+            tracing.run_failed(span, exc)
+        outcome = None
+        try:
+            outcome = _record(Done(kind, task, fence, partition, ending))
+        finally:
+            tracing.run_ended(span, outcome)
         if kind.reraises:
             raise
         # Any BaseException is the body's failure too; returning its outcome keeps the pool process
@@ -160,7 +181,32 @@ def run(kind: Kind, fence: Fence, lease_extra: float = 0.0, previous: Done | Non
         return previous_outcome, outcome, None
     finally:  # also when the worker is stopping: the lease then runs out
         leases.heartbeat.remove(lease)
+    tracing.run_ended(span, "done")
     return previous_outcome, None, Done(kind, task, fence, partition)
+
+
+@contextmanager
+def _apart(db):
+    """The body inside the caller's transaction (an eager task, timeouts.testing.run_due), in a
+    savepoint: a database error of its own rolls back to there, and the caller's transaction, in
+    which the attempt's ending is then written, goes on. Any other error keeps what the body wrote,
+    as it would outside a transaction."""
+    failure = None
+    with transaction.atomic(using=db.alias):
+        try:
+            yield
+        except BaseException as exc:
+            if db.needs_rollback or _aborted(db):
+                raise
+            failure = exc
+    if failure is not None:
+        raise failure
+
+
+def _aborted(db) -> bool:
+    """Whether a statement failed in `db`'s transaction, which then refuses any other."""
+    connection = db.connection
+    return connection is not None and connection.info.transaction_status == TransactionStatus.INERROR
 
 
 def finish(done: Done) -> str:
@@ -200,8 +246,7 @@ def _finish_then_start(previous: Done, fence: Fence, lease_extra: float, partiti
         finish(previous)
         raise
     faults.fault("run.after_done")
-    task = TimeoutTask._from_row(_noted(row)) if row is not None else _start(fence.key, fence.attempt, lease_extra,
-                                                                               partition, ahead)
+    task = _started(_noted(row)) if row is not None else _start(fence.key, fence.attempt, lease_extra, partition, ahead)
     return task, _recorded(previous, {} if finished else None)  # a DONE's outcome reads nothing of its row
 
 
@@ -225,11 +270,11 @@ def _start(key: dict, attempt: int, lease_extra: float, partition: str | None, a
         row = attempts.start(key, attempt, partition, lease_extra, ahead)
         if row is not None:
             if _noted(row)["status"] != TimeoutTask.Status.RUNNING:
-                return TimeoutTask._from_row(row)
+                return _started(row)
             early = (row["run_at"] - row["database_now"]).total_seconds()
             if early > 0:
                 time.sleep(early)
-            return TimeoutTask._from_row(row)
+            return _started(row)
         state = attempts.state(key)
         if state is None or state["status"] != TimeoutTask.Status.DISPATCHED or state["attempts"] != attempt - 1:
             return None
@@ -267,6 +312,23 @@ def _noted(row: dict) -> dict:
 
 
 
+def start_now(fence: Fence, database_now) -> Fence | None:
+    """The fence of an attempt that its caller runs at once, whatever its run_at: as it is if its
+    run_at has come by `database_now` (the database clock); else with its start recorded ahead
+    (start_ahead), which run() confirms and then runs the body without waiting, as for a start the
+    worker's main process recorded. timeouts.testing.run_due runs so what is due by a later time.
+    The row records the start at run_at, as any start ahead: never before. None: the start was
+    refused (stale, or cancelled), or ended the task (its lateness policy)."""
+    if fence.run_at is None or fence.run_at <= database_now:
+        return fence
+    ahead = (fence.run_at - database_now).total_seconds()  # the start's clock reads database_now or later
+    row = start_ahead(fence.key, fence.attempt, None, ahead)
+    if row is None:
+        return None
+    del row["database_now"]
+    return fence.with_started({"row": row, "not_before": time.monotonic()})
+
+
 def confirm_start(key: dict, attempt: int, partition: str | None = None) -> bool:
     """Whether a start recorded earlier (start_ahead) still holds, its lease renewed for a whole TTR:
     the body may run only then."""
@@ -278,7 +340,15 @@ def _confirmed(fence: Fence, partition, shard):
     may be long past: the message may have waited for a pool process."""
     if not confirm_start(fence.key, fence.attempt, partition):
         return None
-    return TimeoutTask._from_row(fence.started["row"], using=shard)
+    return _started(fence.started["row"], using=shard)
+
+
+def _started(row: dict, using=DEFAULT_DB_ALIAS) -> TimeoutTask:
+    """The task of a start's row. The trace context stored with it (tracing.py), a column the model
+    does not declare, goes along for the attempt's span."""
+    task = TimeoutTask._from_row(row, using)
+    task._trace_context = row.get("trace_context")
+    return task
 
 
 # --- Errors -----------------------------------------------------------------------------------------

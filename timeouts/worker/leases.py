@@ -130,13 +130,17 @@ _worker_pid = None  # the process of a Celery worker's main process, in it and i
 _in_pool_process = False  # this process is a prefork pool process
 
 
-@worker_init.connect(dispatch_uid="timeouts.worker.leases.worker")
+def install() -> None:
+    """Connect the signals that tell a worker's processes apart (TimeoutsConfig.ready() calls this)."""
+    worker_init.connect(_in_a_worker, dispatch_uid="timeouts.worker.leases.worker")
+    worker_process_init.connect(_in_a_pool_process, dispatch_uid="timeouts.worker.leases.pool_process")
+
+
 def _in_a_worker(sender=None, **kwargs):
     global _worker_pid
     _worker_pid = os.getpid()
 
 
-@worker_process_init.connect(dispatch_uid="timeouts.worker.leases.pool_process")
 def _in_a_pool_process(sender=None, **kwargs):
     """Sent in each prefork pool process, which the worker's main process kills when its task
     outlives its hard time limit (billiard's time-out handler); and by the solo pool, in the worker's

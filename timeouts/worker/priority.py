@@ -43,8 +43,8 @@ from collections import deque
 from celery import bootsteps
 from celery.signals import task_received, worker_init
 
+from timeouts import kinds
 from timeouts.dispatch.publishing import args_repr
-from timeouts.durable.starts import StartingRequest
 from timeouts.protocol import RETRY_POLICY, RUN, RUN_BATCH
 from timeouts.worker import celery_internals
 
@@ -102,7 +102,7 @@ class OnTimeFirst(bootsteps.Step):
 
     def create(self, worker):
         global _intake
-        intake = _Intake(worker)
+        intake = _Intake(worker, kinds.request_classes())
         if celery_internals.take_requests(worker, intake.take):
             _intake = intake
 
@@ -114,14 +114,22 @@ class _Intake:
     it gives goes to the first request here, whichever wait it answers. Those claimed on time
     (`_Waiter`s, by ETA) come first, then the rest in the order they came."""
 
-    def __init__(self, worker):
+    def __init__(self, worker, kinds_requests=()):
         self.worker, self.semaphore = worker, worker.semaphore
+        # The Request classes of the kinds that publish their own messages (kinds.Kind.request_class).
+        self.kinds_requests = tuple(kinds_requests)
         self.on_time = []  # _Waiter, by ETA; those due at one instant in the order they came
         self.rest = deque()  # every other request
 
+    def claimed_on_time(self, request) -> bool:
+        """A message claimed ahead of its due time, which carries an ETA: a batch of timeouts', or a
+        message of a kind's own (a stored Celery call)."""
+        return _a_batch_claimed_ahead(request) or (request.eta is not None
+                                                   and isinstance(request, self.kinds_requests))
+
     def take(self, request):
         """The worker's `process_task`: a request is ready to run."""
-        if not _claimed_on_time(request):
+        if not self.claimed_on_time(request):
             self.rest.append(request)
             return self.semaphore.acquire(self._next)
         ahead = _ahead.pop(request.id, None)
@@ -213,9 +221,9 @@ def received(sender=None, request=None, **kwargs):
     it: a task is claimed a lead ahead): set the time to ask for a process for it."""
     consumer = sender
     intake = _intake
-    # Not for DurableTask calls (StartingRequest): their starts are recorded ahead by the main
-    # process, and with processes held for them a worker killed -9 ran some calls twice
-    # (docs: explanation/benchmarks).
+    # Only for timeouts' batches, not for the messages of a kind's own (a stored Celery call): their
+    # starts are recorded ahead by the main process, and with processes held for them a worker
+    # killed -9 ran some calls twice (docs: explanation/benchmarks).
     if (intake is None or getattr(consumer, "controller", None) is not intake.worker
             or not _a_batch_claimed_ahead(request)):
         return
@@ -343,10 +351,6 @@ class _Timed:
         finally:
             self._making = False
             self._set(timer)
-
-
-def _claimed_on_time(request) -> bool:
-    return _a_batch_claimed_ahead(request) or (request.eta is not None and isinstance(request, StartingRequest))
 
 
 def _a_batch_claimed_ahead(request) -> bool:

@@ -9,8 +9,8 @@ from django.test.utils import override_settings
 from benchmarks.config import KNOWN_SCENARIOS, PATHS, PEER_SYSTEMS, BenchConfig
 
 SIZES = ("n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "n_idle", "n_durable_spread", "n_durable_memory",
-         "n_durable_restart", "n_durable_cost", "n_tasks_spread", "n_tasks_drain", "n_tasks_enqueue", "n_backlog",
-         "n_isolation_spread", "n_rate", "n_claim", "n_shards_drain", "n_shards_outage")
+         "n_durable_restart", "n_durable_cost", "n_durable_cpu", "n_tasks_spread", "n_tasks_drain", "n_tasks_enqueue",
+         "n_backlog", "n_isolation_spread", "n_rate", "n_claim", "n_shards_drain", "n_shards_outage")
 
 
 def _names(text):
@@ -42,6 +42,10 @@ class Command(BaseCommand):
             help="durable_restart: ... to the kill -9 of every worker process")
         add("--restart-down", type=float, default=d.restart_down,
             help="durable_restart: seconds until a new worker starts")
+        add("--cpu-rate", type=float, default=d.cpu_rate,
+            help="durable_cpu: calls per second of each kind (0: as fast as they go)")
+        add("--cpu-idle-seconds", type=float, default=d.cpu_idle_seconds,
+            help="durable_cpu: seconds of idle reading before each run, subtracted at its rate (0: none)")
         add("--memory-settle", type=float, default=d.memory_settle,
             help="durable_memory: seconds between the last call held and the RSS reading")
         add("--repo", default="", help="isolation_cost: the git repository to read the previous claim_due from")

@@ -17,6 +17,7 @@ from benchmarks import admin_scenario
 from tests.integration.admin.test_plans import captured_sql, explain, nodes, partitioned_data, scans, sequential
 from timeouts import stats
 from timeouts.models import TimeoutTask
+from timeouts.stats import per_biz_type, time_buckets
 from timeouts.store import clock
 from timeouts.store.queries import QUERIES
 
@@ -69,8 +70,9 @@ def admin_client(client, dense_data):
 
 @pytest.fixture
 def small_limits(monkeypatch):
-    for name in ("OVERDUE_LIMIT", "PER_BIZ_TYPE_LIMIT", "RUNNING_LIMIT"):
-        monkeypatch.setattr(stats, name, SMALL)
+    for module, name in ((per_biz_type, "OVERDUE_LIMIT"), (time_buckets, "PER_BIZ_TYPE_LIMIT"),
+                         (per_biz_type, "RUNNING_LIMIT")):
+        monkeypatch.setattr(module, name, SMALL)
 
 
 def plan_of(name, params, analyze=False):

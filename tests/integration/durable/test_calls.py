@@ -3,7 +3,6 @@ stores, what it publishes directly, and the message the scan publishes when the 
 
 import base64
 import json
-import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -14,6 +13,7 @@ from django.db import OperationalError as DatabaseOperationalError
 from kombu.exceptions import OperationalError
 
 import timeouts.celery
+from tests.integration import waits
 from tests.support.durable_routers import FailingFirst, routed_by
 from tests.testapp import tasks
 from timeouts import InvalidAttribute, TimeoutsError
@@ -104,7 +104,7 @@ def test_cancel_by_task_id_is_final():
 def test_the_due_call_is_published_as_its_own_message_with_the_fence(queues):
     result = tasks.record.apply_async((1, Decimal("2.5")), {"when": datetime(2030, 1, 2, tzinfo=UTC)},
                                       countdown=0.2, queue="timeouts-test-other", priority=3, headers={"mine": "x"})
-    time.sleep(0.3)
+    waits.until_all_due()
     scan()
     [row] = calls()
     assert row.status == Status.DISPATCHED
@@ -120,7 +120,7 @@ def test_the_due_call_is_published_as_its_own_message_with_the_fence(queues):
 
 def test_an_expired_call_is_not_sent_and_says_so(queues):
     tasks.record.apply_async((1,), countdown=0.2, expires=0.1)
-    time.sleep(0.3)
+    waits.until_all_due()
     scan()
     [row] = calls()
     assert row.status == Status.CANCELLED and "expired" in row.last_error
@@ -180,7 +180,7 @@ def test_a_chain_step_keeps_the_rest_of_its_chain():
 def test_a_call_whose_message_cannot_be_made_ends_dead_instead_of_coming_back(queues):
     tasks.record.apply_async((1,), countdown=0.2)
     TimeoutTask.objects.filter(biz_type__startswith=PREFIX).update(attribute={"format": 1})
-    time.sleep(0.3)
+    waits.until_all_due()
     scan()
     [row] = calls()
     assert row.status == Status.DEAD and "cannot be made" in row.last_error
@@ -197,7 +197,7 @@ def error_kind(error) -> str:
                                    TimeoutError("timed out")], ids=lambda error: error_kind(error))
 def test_a_fault_while_a_message_is_made_gives_the_claim_back_to_be_published_later(queues, error):
     tasks.record.apply_async((1,), countdown=0.2)
-    time.sleep(0.3)
+    waits.until_all_due()
     with routed_by(FailingFirst(error)) as router:
         with pytest.raises(type(error)):
             scan()
@@ -224,7 +224,7 @@ def test_a_call_that_can_never_become_a_message_ends_dead_and_says_why(queues, c
     tasks.record.apply_async((1,), countdown=0.2)
     [row] = calls()
     TimeoutTask.objects.filter(job_id=row.job_id).update(attribute=change(row.attribute))
-    time.sleep(0.3)
+    waits.until_all_due()
     with routed_by(router or FailingFirst(None, times=0)):
         scan()
     [row] = calls()
@@ -255,7 +255,7 @@ def test_claimed_calls_go_back_when_the_broker_cannot_be_reached(monkeypatch):
     from celery import Celery
 
     tasks.record.apply_async((1,), countdown=0.2)
-    time.sleep(0.3)
+    waits.until_all_due()
     monkeypatch.setenv("CELERY_BROKER_URL", "redis://127.0.0.1:9/0")  # Celery prefers it to broker=
     unreachable = Celery("unreachable", set_as_current=False)
     previous = current_app._get_current_object()

@@ -14,6 +14,7 @@ from django.db import connection, transaction
 
 import timeouts
 from tests.support.isolation import no_limits  # noqa: F401  (a fixture)
+from tests.support.processes import wait_for
 from timeouts import kinds
 from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
@@ -180,28 +181,37 @@ def test_a_pause_racing_a_claim_leaves_nothing_claimed_after_it_commits():
     stop = threading.Event()
     after_pause = []
     paused_at = []
+    names = [f"claimer {i}" for i in range(3)]
+    claimed_before = dict.fromkeys(names, 0)  # tasks each claimer took in claims begun before the pause
+    rounds_after = dict.fromkeys(names, 0)  # claims each claimer began after the pause
 
     def claimer():
+        me = threading.current_thread().name
         try:
             while not stop.is_set():
                 began = time.monotonic()
                 claims = claim_due(5)
                 if paused_at and began > paused_at[0]:
                     after_pause.extend(claims)
+                    rounds_after[me] += 1
+                else:
+                    claimed_before[me] += len(claims)
                 finish(claims)
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=claimer) for _ in range(3)]
+    threads = [threading.Thread(target=claimer, name=name) for name in names]
     for thread in threads:
         thread.start()
-    time.sleep(0.3)
-    timeouts.pause("test.record")
-    paused_at.append(time.monotonic())
-    time.sleep(0.5)
-    stop.set()
-    for thread in threads:
-        thread.join(30)
+    try:
+        wait_for(lambda: min(claimed_before.values()) > 0, 30, message="every claimer to take tasks")
+        timeouts.pause("test.record")
+        paused_at.append(time.monotonic())
+        wait_for(lambda: min(rounds_after.values()) >= 10, 30, message="ten claims of each claimer after the pause")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
     assert after_pause == []
     left = TimeoutTask.objects.filter(status=Status.PENDING).count()
     assert 0 < left < 3000

@@ -12,6 +12,7 @@ from django.db import connection
 from tests.support.factories import move_to
 from timeouts import stats
 from timeouts.models import TimeoutTask
+from timeouts.stats import whole_table
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(60)]
@@ -71,8 +72,8 @@ def test_status_counts_exact_and_sampled(monkeypatch):
                       (Status.DONE, "test.record"): stats.Count(1, True),
                       (Status.RUNNING, "test.record"): stats.Count(1, True)}
     # Large tables are sampled; the small indexed groups (here RUNNING) are still counted exactly.
-    monkeypatch.setattr(stats, "EXACT_TABLE_ROWS", 0)
-    monkeypatch.setattr(stats, "SAMPLE_ROWS", 10**9)  # a 100% sample: deterministic
+    monkeypatch.setattr(whole_table, "EXACT_TABLE_ROWS", 0)
+    monkeypatch.setattr(whole_table, "SAMPLE_ROWS", 10**9)  # a 100% sample: deterministic
     sampled, how = stats.status_counts()
     assert how.startswith("estimated from a 100% sample")
     assert sampled[(Status.RUNNING, "test.record")] == stats.Count(1, True)

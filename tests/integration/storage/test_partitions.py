@@ -94,9 +94,8 @@ def restore_partitions(request):
         for name in current().keys() - before.keys():
             cursor.execute(f'DROP TABLE "{name}"')
         cursor.execute("TRUNCATE timeouts_task")
-    columns = partition_ddl.column_names(connection)
     for name in before.keys() - current().keys():
-        partition_ddl.create_partition(connection, name, before[name].lower, before[name].upper, columns)
+        partition_ddl.create_partition(connection, name, before[name].lower, before[name].upper)
     assert current().keys() == before.keys()
 
 
@@ -403,8 +402,9 @@ def test_claim_query_prunes_future_partitions_and_uses_the_due_index():
     now = datetime.now(UTC)
     with settings(PARTITIONS_AHEAD=6):
         partitions.maintain()
-    items = [{"biz_type": "test.record", "biz_id": str(i), "at": now + timedelta(hours=i)} for i in range(-12, 24 * 6)]
-    TimeoutTask.objects.bulk_schedule(items * 20)
+    items = [{"biz_type": "test.record", "biz_id": str(i), "at": now + timedelta(hours=i), "on_conflict": None}
+             for i in range(-12, 24 * 6)]
+    TimeoutTask.objects.bulk_schedule(items * 20)  # twenty tasks of each key
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE timeouts_task")
         cursor.execute("BEGIN")

@@ -330,8 +330,9 @@ def route_to_default(biz_type, biz_id):
     return "default"
 
 
+# on_conflict=None where a key is stored again (the same key for each way, on each shard in turn).
 def _schedule(alias):
-    timeouts.schedule("test.record", key_on(alias), delay=60)
+    timeouts.schedule("test.record", key_on(alias), delay=60, on_conflict=None)
 
 
 def _schedule_keyed(alias):
@@ -339,8 +340,10 @@ def _schedule_keyed(alias):
 
 
 def _bulk_schedule(alias):
-    timeouts.bulk_schedule([{"biz_type": "test.record", "biz_id": key_on("default", "bulk"), "delay": 60},
-                            {"biz_type": "test.record", "biz_id": key_on(alias, "bulk"), "delay": 60}])
+    timeouts.bulk_schedule([{"biz_type": "test.record", "biz_id": key_on("default", "bulk"), "delay": 60,
+                             "on_conflict": None},
+                            {"biz_type": "test.record", "biz_id": key_on(alias, "bulk"), "delay": 60,
+                             "on_conflict": None}])
 
 
 def _durable_call(alias):

@@ -11,6 +11,7 @@ from django.db import connection, connections
 from psycopg.pq import Format
 
 from timeouts.dispatch.claiming import claim_due
+from timeouts.errors import TaskConflict
 from timeouts.models import TimeoutTask
 from timeouts.store.queries import QUERIES, on_partition
 from timeouts.worker import running
@@ -33,10 +34,15 @@ def is_prepared(name, partition=None) -> bool:
     return any(statement.startswith(head) for statement in prepared_statements())
 
 
+def schedule_plain(biz_id, **when):
+    """schedule() by its INSERT alone (on_conflict=None), outside a transaction: insert_task_autocommit."""
+    return TimeoutTask.objects.schedule("test.record", biz_id, on_conflict=None, **when)
+
+
 def run_due_tasks(n) -> str:
     """Runs n due tasks; returns the partition they are in, where their starts and DONEs ran."""
     for key in range(n):
-        TimeoutTask.objects.schedule("test.record", key, delay=-0.001)
+        schedule_plain(key, delay=-0.001)
     claims = claim_due(n)  # one claim; each start and DONE runs n times
     for claim in claims:
         assert running.run(claim.fence) == "done"
@@ -55,6 +61,22 @@ def test_the_hot_path_is_prepared_and_the_hosts_queries_are_not(starts):
     for name in ("start_task", "finish_task"):  # on the task's partition (test_on_partition.py)
         assert is_prepared(name, partition), name
     assert len(prepared_statements()) == 4, "only those four ran more than prepare_threshold times"
+
+
+def test_the_key_s_lock_and_read_before_the_insert_are_prepared_too():
+    """schedule() with on_conflict (by default): the key's advisory lock, the read of its waiting
+    task and the INSERT, in a transaction of their own."""
+    for key in range(7):
+        TimeoutTask.objects.schedule("test.record", key, delay=60)
+    for name in ("lock_biz_key", "waiting_tasks_for_key", "insert_task"):
+        assert is_prepared(name), name
+    with pytest.raises(TaskConflict):  # the prepared read sees the waiting task
+        TimeoutTask.objects.schedule("test.record", 3, delay=60)
+    kept = TimeoutTask.objects.schedule("test.record", 3, delay=5, on_conflict="keep")
+    fetched = TimeoutTask.objects.get(job_id=kept.job_id)  # the prepared read gives the row as the ORM does
+    for field in TimeoutTask._meta.concrete_fields:
+        assert getattr(kept, field.attname) == getattr(fetched, field.attname), field.name
+    assert TimeoutTask.objects.count() == 7
 
 
 def test_a_prepared_start_survives_a_new_column(starts):
@@ -95,12 +117,12 @@ def kept_cursor(name):
 
 def test_each_hot_query_keeps_one_cursor_per_connection_and_a_new_connection_gets_new_ones():
     # psycopg caches the dumpers and loaders per cursor: a kept cursor skips looking them up again.
-    TimeoutTask.objects.schedule("test.record", 1, delay=60)
+    schedule_plain(1, delay=60)
     kept = kept_cursor("insert_task_autocommit")
-    TimeoutTask.objects.schedule("test.record", 2, delay=60)
+    schedule_plain(2, delay=60)
     assert kept_cursor("insert_task_autocommit") is kept and not kept.closed
     connection.close()
-    TimeoutTask.objects.schedule("test.record", 3, delay=60)
+    schedule_plain(3, delay=60)
     assert kept_cursor("insert_task_autocommit") is not kept
     assert TimeoutTask.objects.count() == 3
 
@@ -125,7 +147,7 @@ def test_the_hot_path_keeps_djangos_query_log_hooks_and_errors():
     seen = []
     with CaptureQueriesContext(connection) as logged, connection.execute_wrapper(
             lambda execute, sql, params, many, context: seen.append(sql) or execute(sql, params, many, context)):
-        TimeoutTask.objects.schedule("test.record", 1, delay=60)
+        schedule_plain(1, delay=60)
     head = QUERIES["insert_task_autocommit"].split("%(")[0]
     assert len(seen) == 1 and seen[0].startswith(head)  # one INSERT, hooked
     assert [q["sql"][:len(head)] for q in logged.captured_queries] == [head]  # and logged
@@ -133,7 +155,7 @@ def test_the_hot_path_keeps_djangos_query_log_hooks_and_errors():
     broken = {**prepare("test.record", 2, delay=60).params(), "attribute": "{not json"}
     with pytest.raises(DataError):  # Django's error class, as from any Django cursor
         execute("insert_task", broken, using=connection)
-    TimeoutTask.objects.schedule("test.record", 3, delay=60)  # the kept cursor goes on after an error
+    schedule_plain(3, delay=60)  # the kept cursor goes on after an error
     assert sorted(TimeoutTask.objects.values_list("biz_id", flat=True)) == ["1", "3"]
 
 
@@ -143,7 +165,7 @@ def test_the_hot_queries_read_timestamps_as_the_orm_does_and_keep_djangos_loader
     def loader(name):
         return kept_cursor(name).adapters.get_loader(TIMESTAMPTZ, Format.TEXT)
 
-    task = TimeoutTask.objects.schedule("test.record", 1, delay=60)
+    task = schedule_plain(1, delay=60)
     fetched = TimeoutTask.objects.get(job_id=task.job_id)
     for name in ("action_time", "created_at"):
         assert getattr(task, name) == getattr(fetched, name)
@@ -154,7 +176,7 @@ def test_the_hot_queries_read_timestamps_as_the_orm_does_and_keep_djangos_loader
     try:
         with connection.cursor() as cursor:
             cursor.execute("SET TIME ZONE 'Asia/Tokyo'")  # a host's own setting, on this connection
-        task = TimeoutTask.objects.schedule("test.record", 2, delay=60)
+        task = schedule_plain(2, delay=60)
         assert loader("insert_task_autocommit") is connection.connection.adapters.get_loader(TIMESTAMPTZ, Format.TEXT)
         assert task.action_time == TimeoutTask.objects.get(job_id=task.job_id).action_time
     finally:

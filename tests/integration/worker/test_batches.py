@@ -26,10 +26,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def schedule_due(biz_type, n, ago=5, **extra):
-    """n tasks due `ago` seconds ago, a millisecond apart, oldest first."""
+    """n tasks due `ago` seconds ago, a millisecond apart, oldest first (keys may repeat across calls)."""
     now = datetime.now(UTC)
     return [TimeoutTask.objects.schedule(biz_type, f"{biz_type}-{i}", at=now - timedelta(seconds=ago) + timedelta(
-        milliseconds=i), **extra) for i in range(n)]
+        milliseconds=i), on_conflict=None, **extra) for i in range(n)]
 
 
 def items(claims):
@@ -101,8 +101,8 @@ def test_tasks_claimed_ahead_share_a_message_only_when_due_within_the_batch_wind
     broker.flushdb()
     at = datetime.now(UTC) + timedelta(seconds=2)
     together = [TimeoutTask.objects.schedule("test.record", i, at=at) for i in range(3)]
-    apart = [TimeoutTask.objects.schedule("test.record", i, at=at + timedelta(milliseconds=50 * (i + 1)))
-             for i in range(2)]
+    apart = [TimeoutTask.objects.schedule("test.record", i, at=at + timedelta(milliseconds=50 * (i + 1)),
+                                          on_conflict=None) for i in range(2)]
     publish(claim_due(10, lead=5))
     assert [(name, sorted(ids)) for name, ids, _ in queued_messages(broker, "celery")] == [
         ("timeouts.run_batch", sorted(t.job_id for t in together)),

@@ -2,13 +2,13 @@
 claim found the row in (the message carries it), and through the partitioned parent whenever that
 is not where the row is."""
 
-import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from tests.integration import waits
 from tests.testapp import tasks
 from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
@@ -55,7 +55,7 @@ def test_the_claim_names_the_partition_and_the_worker_updates_it_directly(starts
 
 def test_a_stored_celery_calls_outcome_goes_straight_to_its_partition():
     tasks.record.apply_async((1,), countdown=0.05)  # a DurableTask call: a row
-    time.sleep(0.1)
+    waits.until_all_due()
     [claim] = claim_due(10)
     assert claim.partition == partition_of(claim.job_id) != "timeouts_task"
     key = {"job_id": claim.job_id, "action_time": claim.action_time}
@@ -90,10 +90,9 @@ def test_a_row_moved_out_of_default_after_its_claim_is_found_through_the_parent(
     action_time = datetime(2001, 2, 3, 4, 5, tzinfo=UTC)
     claim = claim_one(at=action_time)
     assert claim.partition == "timeouts_task_default"
-    columns = partition_ddl.column_names(connection)
     name = "timeouts_task_d20010203"
     partition_ddl.create_partition(connection, name, action_time.replace(hour=0, minute=0),
-                                   action_time.replace(hour=0, minute=0) + timedelta(days=1), columns)
+                                   action_time.replace(hour=0, minute=0) + timedelta(days=1))
     try:
         assert partition_of(claim.job_id) == name
         with CaptureQueriesContext(connection) as captured:

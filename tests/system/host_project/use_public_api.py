@@ -11,6 +11,7 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hostsite.settings")
 django.setup()
 
+from asgiref.sync import async_to_sync  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import transaction  # noqa: E402
 from shop.timeouts_handlers import CLOSED  # noqa: E402
@@ -51,10 +52,20 @@ for bad in ({"at": datetime(2030, 1, 1)}, {"delay": 1, "attribute": {"x": float(
 assert later.reschedule(delay=timedelta(hours=2)) is True
 assert later.cancel() is True and later.cancel() is False
 assert later.requeue() is True and later.status == Status.PENDING
-assert timeouts.cancel("order.close", 0) == 1
+assert timeouts.cancel("order.close", 0) is True
 assert TimeoutTask.objects.cancel("order.close", 1) == 1
 assert set(TimeoutTask.objects.due()) == {task, later}
 assert TimeoutTask.objects.pending().count() == 5 and not TimeoutTask.objects.dead().exists()
+assert timeouts.reschedule("order.close", 2, delay=timedelta(hours=2)) is True
+assert timeouts.requeue("order.close", 2) is False  # it waits already
+try:
+    timeouts.reschedule("order.clsoe", 2, delay=1)
+    raise AssertionError("a biz_type nothing handles must be refused")
+except timeouts.UnknownBizType:
+    pass
+assert async_to_sync(timeouts.acancel)("order.close", 3) is True
+assert async_to_sync(timeouts.aschedule)("order.close", 3, delay=3600).biz_id == "3"
+assert TimeoutTask.objects.pending().count() == 5
 
 from shop.jobs import order_total  # noqa: E402
 

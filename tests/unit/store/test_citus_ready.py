@@ -48,6 +48,8 @@ NOTIFY_IN_RETURNING = {
     "insert_task_autocommit": "pg_notify",
     "reschedule_task": "timeouts_notify_v1",
     "requeue_task": "timeouts_notify_v1",
+    "reschedule_by_key": "timeouts_notify_v1",
+    "requeue_latest_of_key": "timeouts_notify_v1",
     "release_claims": "timeouts_notify_v1",
     "give_back_call_starts": "timeouts_notify_v1",
     "fail_task": "timeouts_notify_v1",
@@ -66,9 +68,10 @@ A_PARTITION = "timeouts_task_d20260101"
 
 
 def _statements() -> dict[str, str]:
-    """Every query timeouts runs, by name: the named ones (derived variants included) and the
-    worker's updates as run on one partition."""
-    found = dict(queries.QUERIES)
+    """Every query timeouts runs, by name: the named ones (derived variants included, those that
+    name their partition with one filled in) and the worker's updates as run on one partition."""
+    found = {name: queries.on_partition(name, A_PARTITION) if name in queries.NAMING_A_PARTITION else text
+             for name, text in queries.QUERIES.items()}
     for name in sorted(queries.ON_PARTITION):
         found[f"{name}@partition"] = queries.on_partition(name, A_PARTITION)
     return found

@@ -34,8 +34,12 @@ MIGRATED = {
     "0001_notify_reverse.sql": "55011e5005309992ce597e8a06de4556fef892ce04b0f238d56f2224dd6b8a5b",
     "0001_tasks.sql": "f21155a5630581ea16530054c2d9471417e35c3bb150fb52706ceee31f8c32ac",
     "0001_tasks_reverse.sql": "3365fbd341a44f8052280f87b0a5013ef8c636ed7969312bcd7f531fb917a0a5",
-    "0002_lateness.sql": "6bae4c1e61c684c33ba9f8365a1e63c11a3113fe68dfc1bcefd5b98bbade0b46",
-    "0002_lateness_reverse.sql": "090dcbb0377e2248d095823dd2cf414719cf51c1d10feb46ee275ccb1310866c",
+    "0002_last_claims.sql": "beae14cbd3a86f681d1a98b972af26b923311c522ebf577c487c54618d2d639a",
+    "0002_last_claims_reverse.sql": "49ce3707ea3448bb7a833c9dece3c3eece1fd686b3244d19ce7a4cb038a67097",
+    "0003_trace_context.sql": "56b9c72cec6e7e62cd7873d9b41277609aa99d0b1a8e15ebedc862d616817714",
+    "0003_trace_context_reverse.sql": "c52e336d28690579e212258883b6d96535cfdc98a39271d5f8f415101539bdd2",
+    "0004_lateness.sql": "6bae4c1e61c684c33ba9f8365a1e63c11a3113fe68dfc1bcefd5b98bbade0b46",
+    "0004_lateness_reverse.sql": "090dcbb0377e2248d095823dd2cf414719cf51c1d10feb46ee275ccb1310866c",
 }
 
 
@@ -99,6 +103,19 @@ def test_every_named_query_is_used():
     assert not unused, f"named queries no code runs: {unused}"
     # The sets of queries.py's rules name real queries.
     assert queries.PREPARED <= set(queries.QUERIES) and queries.ON_PARTITION <= set(queries.QUERIES)
+
+
+def test_a_query_that_names_its_partition_runs_only_on_one_of_timeouts_own():
+    from timeouts.store import queries
+
+    assert queries.NAMING_A_PARTITION == {"move_parked_rows"}
+    text = queries.on_partition("move_parked_rows", "timeouts_task_d20260101")
+    assert "INSERT INTO timeouts_task_d20260101\n" in text and queries.PARTITION_SLOT not in text
+    for name in ("timeouts_task_d20260101; DROP TABLE timeouts_task", "public.timeouts_task_d20260101", "pg_class"):
+        with pytest.raises(ValueError, match="cannot run on partition"):
+            queries.on_partition("move_parked_rows", name)
+    with pytest.raises(ValueError, match="cannot run on partition"):
+        queries.on_partition("find_task", "timeouts_task_d20260101")  # a query that names none
 
 
 def test_every_named_query_says_what_it_does():

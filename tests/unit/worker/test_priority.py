@@ -13,6 +13,7 @@ from kombu.asynchronous import Hub
 from kombu.asynchronous.semaphore import LaxBoundedSemaphore
 from kombu.asynchronous.timer import Timer as WorkersTimer
 
+from timeouts import kinds
 from timeouts.dispatch.publishing import RUN, RUN_BATCH
 from timeouts.worker import priority
 
@@ -163,6 +164,30 @@ def test_other_tasks_with_an_eta_keep_their_place():
     worker.one_process_frees()
     assert worker.handed == ["late 1", "late 2", "a host's own eta task"]
     assert not priority.should_give_way()
+
+
+class KindsRequest(SimpleNamespace):
+    """The Request class of a kind's own messages (kinds.Kind.request_class)."""
+
+
+@pytest.fixture
+def kind_with_requests():
+    kind = kinds.register(kinds.Kind("test-requests:", "test requests", "the test's own",
+                                     request_class=f"{__name__}.KindsRequest"))
+    yield kind
+    kinds.unregister(kind)
+
+
+def test_a_kinds_own_messages_with_an_eta_pass_a_backlog(kind_with_requests):
+    worker = Worker(processes=1)  # its intake reads the kinds' Request classes as it is made
+    worker.offer("late 1")
+    worker.offer("late 2")
+    own = request("a kind's, claimed on time", "orders.close", ETA)
+    worker.process_task(KindsRequest(**vars(own)))
+    worker.process_task(KindsRequest(**vars(request("a kind's, without an eta", "orders.close", None))))
+    for _ in range(3):
+        worker.one_process_frees()
+    assert worker.handed == ["late 1", "a kind's, claimed on time", "late 2", "a kind's, without an eta"]
 
 
 def test_an_ask_nobody_answers_runs_out(monkeypatch):

@@ -1,5 +1,5 @@
-"""manage.py timeouts_stats: what the task table holds, cheaply (see timeouts/stats/__init__.py), on every shard
-(timeouts/shard_totals.py)."""
+"""manage.py timeouts_stats: what the task table holds, cheaply (timeouts/stats/), on every shard
+(timeouts/stats/shard_totals.py)."""
 
 import json
 

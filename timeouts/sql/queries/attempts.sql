@@ -155,7 +155,7 @@ RETURNING status, timeouts_notify_v1(%(channel)s, CASE WHEN status = :PENDING TH
 -- Confirms, right before its body, that a call started ahead still holds, and renews its lease.
 --
 -- Right before the body of a call whose start the worker's main process recorded ahead
--- (call_starts.py), maybe long before if it waited for a pool process: that start still holds
+-- (durable/starts.py), maybe long before if it waited for a pool process: that start still holds
 -- (RUNNING for this attempt: lease recovery moves a started call on, nothing else does) and its
 -- lease is renewed for a whole TTR, which the pool process's heartbeat (leases.py) then keeps.
 -- Matching nothing, the call is not run. Committed without waiting for the WAL flush: a database

@@ -22,7 +22,7 @@
 -- finish_task and for the same reason: an outcome a database crash loses leaves the call RUNNING
 -- until its lease runs out, and it runs again (at least once), while the pool process that ran it
 -- is free a disk flush sooner for the next call due. `started_at` is when the body started: a start
--- recorded ahead (call_starts.py) wrote run_at, and the body may have waited for a process since.
+-- recorded ahead (durable/starts.py) wrote run_at, and the body may have waited for a process since.
 UPDATE timeouts_task
 SET status = %(status)s, finished_at = c.now, modified_at = c.now, lease_until = NULL, last_error = %(error)s,
     started_at = %(started_at)s
@@ -35,7 +35,7 @@ RETURNING job_id;
 -- name: give_back_call_starts
 -- Gives back Celery calls a worker started ahead and will not run: PENDING, attempt unused.
 --
--- Calls a worker started ahead (call_starts.py) and will not run: it is shutting down with their
+-- Calls a worker started ahead (durable/starts.py) and will not run: it is shutting down with their
 -- messages still waiting for their eta. Back to PENDING with the attempt unused, as release_claims
 -- gives back a claim, so they are published again at once rather than when their leases run out;
 -- the waiting message, delivered again, starts the row if it comes before the new one (the

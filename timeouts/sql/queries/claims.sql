@@ -19,7 +19,7 @@
 -- all). Ordered by (biz_type, run_at) after a range of biz_types, each step is served by that index
 -- only, whatever the statistics say. Not limited to due partitions: a condition on action_time is
 -- not in the index, and would read every future task of the current partition. Its first row, ''
--- (before any biz_type), has no `oldest`.
+-- (before any biz_type), has no `oldest`. The health check's oldest_due_unpaused reads it too.
 pending_types AS (
     SELECT ''::varchar AS biz_type, NULL::timestamptz AS oldest
     UNION ALL
@@ -236,9 +236,11 @@ claimed AS (
     -- A task of a kind whose claims come with their attribute (timeouts/kinds.py: a stored Celery call,
     -- the call its message is made of) has it here: its biz_type starts with one of
     -- the parameter attribute_prefixes (`^@`: starts with); a handler's task, without.
+    -- biz_id and trace_context (NULL unless scheduled inside a span): for the dispatch's span (tracing.py).
     RETURNING t.job_id, t.action_time, t.run_at, t.biz_type, t.attempts, t.ttr, now() AS claimed_at,
               t.tableoid::regclass::text AS partition,
-              CASE WHEN t.biz_type ^@ ANY (%(attribute_prefixes)s::text[]) THEN t.attribute END AS call
+              CASE WHEN t.biz_type ^@ ANY (%(attribute_prefixes)s::text[]) THEN t.attribute END AS call,
+              t.biz_id, t.trace_context
 ),
 -- The limited biz_types' rows: what their claims used of the bucket, and a new row version, which
 -- tells a claimer whose snapshot is older that its counts are stale.
@@ -261,6 +263,32 @@ FROM unnest(%(job_ids)s::bigint[], %(action_times)s::timestamptz[]) AS r(job_id,
      (SELECT clock_timestamp() AS now) AS c
 WHERE t.job_id = r.job_id AND t.action_time = r.action_time AND t.status = :DISPATCHED
 RETURNING timeouts_notify_v1(%(channel)s, t.run_at, c.now + %(horizon)s * interval '1 second');
+
+
+-- name: claim_oldest_due
+-- Claims the oldest PENDING task due by a given time, to run it in the calling process (timeouts.testing).
+--
+-- For run_due(), on the caller's connection and in its transaction: one task at a time, so that a
+-- task the runs schedule takes its turn, oldest first on this shard. Due by `until`; or, given
+-- `since`, scheduled since then to be due at once (what a run schedules for now: a retry is due
+-- after its backoff, later than it was scheduled). Of one biz_type, if given. A paused biz_type's
+-- tasks stay PENDING; rate and concurrency limits do not apply, as the tasks run one after another.
+-- The lease is as claim_due takes it. A task due after the database clock (an `until` ahead of it)
+-- keeps its run_at, which is never before its action_time: the caller records its start ahead.
+UPDATE timeouts_task AS t
+SET status = :DISPATCHED, dispatched_at = c.now, modified_at = c.now, lease_until = c.now + t.ttr * interval '1 second'
+FROM (SELECT clock_timestamp() AS now) AS c,
+     (SELECT d.job_id, d.action_time FROM timeouts_task AS d
+      WHERE d.status = :PENDING
+        AND (d.run_at <= %(until)s OR (d.created_at >= %(since)s AND d.run_at <= d.created_at))
+        AND (%(biz_type)s::text IS NULL OR d.biz_type = %(biz_type)s)
+        AND NOT EXISTS (SELECT FROM timeouts_limits AS l WHERE l.biz_type = d.biz_type AND l.paused)
+      ORDER BY d.run_at, d.job_id
+      LIMIT 1
+      FOR UPDATE SKIP LOCKED) AS due
+WHERE t.job_id = due.job_id AND t.action_time = due.action_time
+RETURNING t.job_id, t.action_time, t.run_at, t.biz_type, t.attempts, t.ttr, c.now AS claimed_at,
+          t.tableoid::regclass::text AS partition, t.attribute;
 
 
 -- name: end_claim

@@ -1,6 +1,7 @@
--- Partition maintenance queries (see timeouts/partitions.py and timeouts/partition_ddl.py).
+-- Partition maintenance queries (see timeouts/storage/partitions.py and partition_ddl.py).
 -- Parameters use Django's %(name)s style. DDL naming a partition is composed in Python with
--- psycopg.sql.Identifier, never here.
+-- psycopg.sql.Identifier (storage/partition_ddl.py); a query here that names one writes {partition},
+-- which the loader fills in with one of timeouts' own partition names (store/queries.py).
 
 
 -- name: list_partitions
@@ -22,12 +23,21 @@ WHERE i.inhparent = 'timeouts_task'::regclass
 ORDER BY lower_bound NULLS FIRST, child.relname;
 
 
--- name: parent_columns
--- The columns rows are moved with, in the parent's order (dropped columns left out).
-SELECT attname AS name
-FROM pg_attribute
-WHERE attrelid = 'timeouts_task'::regclass AND attnum > 0 AND NOT attisdropped
-ORDER BY attnum;
+-- name: move_parked_rows
+-- Moves the rows of [lower, upper) parked in DEFAULT into the table about to be attached for that range.
+--
+-- In the transaction that creates and attaches {partition} (ATTACH refuses a range that DEFAULT
+-- still holds rows of). Row for row, by position: the table was made LIKE timeouts_task, or was its
+-- partition until maintenance detached it, so it has the DEFAULT partition's columns in their order
+-- (every table of timeouts_task has them in one order: moving slots between shards copies rows so
+-- too). A table with other columns is refused by the ATTACH that follows, and the move undone with it.
+WITH moved AS (
+    DELETE FROM timeouts_task_default
+    WHERE action_time >= %(lower)s AND action_time < %(upper)s
+    RETURNING *
+)
+INSERT INTO {partition}
+SELECT * FROM moved;
 
 
 -- name: default_past_buckets

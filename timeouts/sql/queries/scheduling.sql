@@ -21,13 +21,16 @@
 -- pg_notify() itself. Returns what the database decided (the caller knows the rest; the attribute
 -- as jsonb gives it back, which can differ from what was passed: 1e16 comes back an int), in this
 -- order: this is schedule()'s hot path, and every column returned costs (a CTE returning the row
--- costs more still). The job_id carries the task's slot in its low bits (shards.py).
+-- costs more still). The job_id carries the task's slot in its low bits (shards.py). trace_context:
+-- the caller's, with OpenTelemetry and an active span (tracing.py), else NULL.
 INSERT INTO timeouts_task
-    (job_id, biz_type, biz_id, action_time, run_at, attribute, max_attempts, ttr, created_at, modified_at)
+    (job_id, biz_type, biz_id, action_time, run_at, attribute, max_attempts, ttr, created_at, modified_at,
+     trace_context)
 VALUES (nextval('timeouts_task_job_id_seq') * 1024 + %(slot)s, %(biz_type)s, %(biz_id)s,
         coalesce(%(at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
         coalesce(%(at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
-        %(attribute)s::jsonb, %(max_attempts)s, %(ttr)s, statement_timestamp(), statement_timestamp())
+        %(attribute)s::jsonb, %(max_attempts)s, %(ttr)s, statement_timestamp(), statement_timestamp(),
+        %(trace_context)s::text)
 RETURNING job_id, action_time, attribute, created_at,
     CASE WHEN run_at <= created_at + %(horizon)s * interval '1 second'
          THEN timeouts_notify_v1(%(channel)s, run_at, created_at + %(horizon)s * interval '1 second')
@@ -45,11 +48,16 @@ SELECT timeouts_notify_v1(%(channel)s, %(deadline)s, clock_timestamp() + %(horiz
 
 
 -- name: lock_biz_key
--- Takes a transaction-level advisory lock on one (biz_type, biz_id).
+-- Takes the transaction-level advisory lock of one (biz_type, biz_id), after a shared lock on its bucket.
 --
 -- Serialises on_conflict scheduling of one (biz_type, biz_id) until the transaction ends.
--- Hash collisions only make two keys wait for each other; they never merge them.
-SELECT pg_advisory_xact_lock(%(namespace)s, hashtext(%(biz_type)s || ':' || %(biz_id)s));
+-- Hash collisions only make two keys wait for each other; they never merge them. The bucket's
+-- shared lock comes first (a select list is evaluated in its order): a batch too large to lock key
+-- by key takes its buckets' locks exclusively instead (lock_biz_keys). Prepared (on schedule()'s
+-- path by default): the casts give its parameters their types.
+SELECT pg_advisory_xact_lock_shared(%(bucket_namespace)s::integer, key.hash & %(bucket_mask)s::integer),
+       pg_advisory_xact_lock(%(namespace)s::integer, key.hash)
+FROM (SELECT hashtext(%(biz_type)s::text || ':' || %(biz_id)s::text) AS hash) AS key;
 
 
 -- name: waiting_tasks_for_key
@@ -58,3 +66,45 @@ SELECT * FROM timeouts_task
 WHERE biz_id = %(biz_id)s AND biz_type = %(biz_type)s AND status IN (:PENDING, :DISPATCHED)
 ORDER BY action_time, job_id
 FOR UPDATE;
+
+
+-- name: lock_biz_keys
+-- Takes the transaction-level advisory locks of many (biz_type, biz_id), or of their buckets, in one order.
+--
+-- bulk_schedule()'s lock_biz_key for all its keys in one round trip: the shared locks of their
+-- buckets, then their own; with `by_bucket` (a batch of more keys than the lock table should hold
+-- for one transaction), their buckets' locks, exclusively. Every caller takes buckets before keys,
+-- each in the order of its id (the subquery's sort, which the outer query keeps: a subquery with
+-- ORDER BY is not pulled up, and the aggregate takes each lock as its row comes), so two callers
+-- never wait for each other in a circle.
+WITH key AS (
+    SELECT hashtext(given.biz_type || ':' || given.biz_id) AS hash
+    FROM unnest(%(biz_types)s::text[], %(biz_ids)s::text[]) AS given(biz_type, biz_id)
+)
+SELECT count(CASE WHEN NOT lock.is_bucket THEN pg_advisory_xact_lock(%(namespace)s, lock.id) IS NOT NULL
+                  WHEN %(by_bucket)s THEN pg_advisory_xact_lock(%(bucket_namespace)s, lock.id) IS NOT NULL
+                  ELSE pg_advisory_xact_lock_shared(%(bucket_namespace)s, lock.id) IS NOT NULL END)
+FROM (SELECT DISTINCT is_bucket, id
+      FROM (SELECT true AS is_bucket, hash & %(bucket_mask)s AS id FROM key
+            UNION ALL
+            SELECT false, hash FROM key WHERE NOT %(by_bucket)s) AS wanted
+      ORDER BY is_bucket DESC, id) AS lock;
+
+
+-- name: waiting_tasks_for_keys
+-- Tasks of many keys that have not started yet (PENDING or DISPATCHED).
+SELECT job_id, action_time, biz_type, biz_id FROM timeouts_task
+WHERE (biz_type, biz_id) IN (SELECT * FROM unnest(%(biz_types)s::text[], %(biz_ids)s::text[]))
+  AND status IN (:PENDING, :DISPATCHED)
+ORDER BY biz_type, biz_id, action_time, job_id
+FOR UPDATE;
+
+
+-- name: cancel_waiting_tasks
+-- Cancels the tasks at these (job_id, action_time) that have not started: those bulk_schedule() replaces.
+UPDATE timeouts_task
+SET status = :CANCELLED, finished_at = c.now, modified_at = c.now, lease_until = NULL
+FROM (SELECT clock_timestamp() AS now) AS c
+WHERE (job_id, action_time) IN (SELECT * FROM unnest(%(job_ids)s::bigint[], %(action_times)s::timestamptz[]))
+  AND status IN (:PENDING, :DISPATCHED)
+RETURNING biz_type;

@@ -77,7 +77,8 @@ class Command(BaseCommand):
                 with transaction.atomic():
                     Order.objects.filter(pk=order.pk).update(paid=True, status=Order.Status.PAID)
                     cancelled = timeouts.cancel("order.close", order.pk)
-                self.stdout.write(f"order #{order.pk}: paid -> {cancelled} timeout cancelled")
+                outcome = "its timeout cancelled" if cancelled else "no timeout left to cancel"
+                self.stdout.write(f"order #{order.pk}: paid -> {outcome}")
         self.stdout.flush()
         return orders
 
