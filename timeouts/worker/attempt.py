@@ -90,9 +90,9 @@ class Kind:
         return "dropped"
 
     def ended_late(self, task, fence: Fence) -> str:
-        """A start later than the lateness policy allows ended the task (CANCELLED: "skipped", or
-        DEAD: "dead"; its last_error says how late): nothing ran."""
-        return "skipped" if task.status == TimeoutTask.Status.CANCELLED else "dead"
+        """A start later than the lateness policy allows ended the task (CANCELLED: "skipped late",
+        or DEAD: "dead late"; its last_error says how late): nothing ran."""
+        return "skipped late" if task.status == TimeoutTask.Status.CANCELLED else "dead late"
 
     def ready(self, task, fence: Fence):
         """Just before the body, the attempt started and leased."""

@@ -21,7 +21,7 @@ def test_a_task_that_starts_too_late_fails_with_started_late(on_late):
     result = tasks.add.using(run_after=datetime.now(UTC) - timedelta(minutes=1)).enqueue(1, 2)
     [row] = rows()
     timeouts.set_limits(row.biz_type, max_lateness=timedelta(seconds=5), on_late=on_late)
-    assert run_due() == ["skipped" if on_late == "skip" else "dead"]
+    assert run_due() == ["skipped late" if on_late == "skip" else "dead late"]
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     assert [error.exception_class for error in result.errors] == [StartedLate]

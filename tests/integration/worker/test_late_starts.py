@@ -75,7 +75,7 @@ def late_handler():
 
 def test_a_start_later_than_max_lateness_is_skipped(late_handler, starts, heard):
     task = scheduled(late_handler, ago=30)
-    assert running.run(claim_one().fence) == "skipped"
+    assert running.run(claim_one().fence) == "skipped late"
     skipped = reload(task)
     assert (skipped.status, skipped.attempts, skipped.started_at) == (Status.CANCELLED, 0, None)
     assert skipped.finished_at is not None and skipped.lease_until is None
@@ -95,7 +95,7 @@ def test_a_start_within_max_lateness_runs(late_handler, starts, heard):
 def test_dead_ends_the_task_dead_and_a_requeue_runs_it_once(starts, heard):
     timeouts.set_limits("test.record", max_lateness=timedelta(seconds=2), on_late="dead")
     task = scheduled(ago=10)
-    assert running.run(claim_one().fence) == "dead"
+    assert running.run(claim_one().fence) == "dead late"
     dead = reload(task)
     assert dead.status == Status.DEAD and dead.attempts == 0
     assert dead.last_error.endswith("over max_lateness 2 s (on_late=dead)")
@@ -115,7 +115,7 @@ def test_dead_ends_the_task_dead_and_a_requeue_runs_it_once(starts, heard):
 def test_a_requeued_task_that_starts_on_time_runs_under_any_policy(starts):
     timeouts.set_limits("test.record", max_lateness=timedelta(seconds=2), on_late="skip")
     task = scheduled(ago=10)
-    assert running.run(claim_one().fence) == "skipped"
+    assert running.run(claim_one().fence) == "skipped late"
     task = reload(task)
     assert task.requeue() is True
     assert running.run(claim_one().fence) == "done" and starts.count() == 1
@@ -143,11 +143,11 @@ def test_set_limits_beats_the_handlers_own_policy_until_reset(late_handler, star
     assert running.run(claim_one().fence) == "done"  # within the override's 5 minutes
     timeouts.set_limits(late_handler, max_lateness=timedelta(seconds=1), on_late="dead")
     second = scheduled(late_handler, 2, ago=3)
-    assert running.run(claim_one().fence) == "dead"
+    assert running.run(claim_one().fence) == "dead late"
     timeouts.reset_limits(late_handler)  # the handler's own: skip after 5 s
     third = scheduled(late_handler, 3, ago=3)
     fourth = scheduled(late_handler, 4, ago=30)
-    assert sorted(running.run(claim.fence) for claim in claim_due(10)) == ["done", "skipped"]
+    assert sorted(running.run(claim.fence) for claim in claim_due(10)) == ["done", "skipped late"]
     assert [reload(task).status for task in (first, second, third, fourth)] == [
         Status.DONE, Status.DEAD, Status.DONE, Status.CANCELLED]
 
@@ -161,7 +161,7 @@ def test_a_retry_is_measured_against_its_own_due_time(starts):
     timeouts.set_limits("test.fail", max_lateness=timedelta(seconds=30), on_late="skip")
     sql("UPDATE timeouts_task SET run_at = now() WHERE job_id = %s", [on_time.job_id])
     sql("UPDATE timeouts_task SET run_at = now() - interval '40 seconds' WHERE job_id = %s", [late.job_id])
-    assert sorted(running.run(claim.fence) for claim in claim_due(10)) == ["dead", "skipped"]
+    assert sorted(running.run(claim.fence) for claim in claim_due(10)) == ["dead", "skipped late"]
     ran, skipped = reload(on_time), reload(late)
     assert (ran.status, ran.attempts) == (Status.DEAD, 2) and "failing on purpose (attempt 2)" in ran.last_error
     assert (skipped.status, skipped.attempts) == (Status.CANCELLED, 1)
@@ -176,7 +176,7 @@ def test_a_batch_applies_the_policy_to_the_start_it_writes_with_a_done(starts):
     claims = {claim.job_id: claim for claim in claim_due(10)}
     batch = [claims[on_time.job_id].batch_item(), claims[late.job_id].batch_item()]
     with CaptureQueriesContext(connection) as captured:
-        assert batches.run_batch(batch) == "1 done, 1 skipped"
+        assert batches.run_batch(batch) == "1 done, 1 skipped late"
     names = [name for q in captured for name in ("finish_then_start_task", "start_task")
              if q["sql"].lstrip().startswith(queries.QUERIES[name].split("\n", 1)[0])]
     assert names[:2] == ["start_task", "finish_then_start_task"]
