@@ -34,7 +34,7 @@ NOT_VOLATILE = frozenset({
     "count", "min", "max", "sum", "array_agg", "row_number", "percentile_cont", "floor", "unnest",
     "generate_series", "extract", "date_trunc", "format", "hashtext", "regexp_match", "jsonb_build_array",
     "jsonb_build_object", "now", "statement_timestamp", "current_setting", "pg_get_expr", "obj_description",
-    "starts_with",
+    "starts_with", "round", "trim_scale",
     # sql/migrations/0001_limits.sql: IMMUTABLE, but timeouts_bucket_full_at STABLE
     "timeouts_rate_part", "timeouts_concurrency_part", "timeouts_bucket_tokens", "timeouts_bucket_full_at",
 })
