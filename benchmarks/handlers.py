@@ -9,6 +9,7 @@ bench's Celery worker (`--include benchmarks.handlers`). The runtime never impor
 """
 
 import time
+from datetime import timedelta
 
 import psycopg
 from celery import shared_task
@@ -24,6 +25,8 @@ DURABLE_TASK = "benchmarks.durable"  # the same body again, on DurableTask (its 
 NEIGHBOUR = "benchmarks.neighbour"  # isolation: the biz_type due beside another's backlog
 LIMITED = "benchmarks.limited"  # isolation: a biz_type with a rate limit
 LIMITED_RATE = 200  # LIMITED's handler starts per second
+SKIPPABLE = "benchmarks.skippable"  # late_recovery: a biz_type whose late tasks are skipped, not run
+SKIP_AFTER = timedelta(seconds=5)  # ... when they would start more than this late
 WARM_TASK = "benchmarks.warm"  # opens a worker process's connections before measuring
 # DURABLE_TASK's lease (seconds): a call lost in a killed worker runs again this long after its start.
 DURABLE_TTR = 10
@@ -79,6 +82,11 @@ def neighbour(task):
 
 @timeouts.handler(LIMITED, rate_limit=LIMITED_RATE)
 def limited(task):
+    record(task.job_id, task.attempts, task.action_time, task.started_at)
+
+
+@timeouts.handler(SKIPPABLE, max_lateness=SKIP_AFTER, on_late="skip")
+def skippable(task):
     record(task.job_id, task.attempts, task.action_time, task.started_at)
 
 
