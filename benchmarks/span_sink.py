@@ -25,8 +25,7 @@ SPANS_DIR = "TIMEOUTS_BENCH_SPANS_DIR"  # environment: where each exporter write
 class DroppingExporter(SpanExporter):
     """Takes each batch and drops it, counting its spans."""
 
-    def __init__(self, service):
-        folder = os.environ.get(SPANS_DIR)
+    def __init__(self, service, folder=None):
         self.path = Path(folder) / f"{service}-{os.getpid()}" if folder else None
         self.count = 0
 
@@ -43,9 +42,10 @@ class DroppingExporter(SpanExporter):
         return True
 
 
-def tracer_provider(service) -> TracerProvider:
+def tracer_provider(service, folder=None) -> TracerProvider:
+    """A provider whose spans are dropped, counted in `folder` (default: SPANS_DIR's, if set)."""
     provider = TracerProvider(resource=Resource.create({"service.name": service}))
-    provider.add_span_processor(BatchSpanProcessor(DroppingExporter(service)))
+    provider.add_span_processor(BatchSpanProcessor(DroppingExporter(service, folder or os.environ.get(SPANS_DIR))))
     return provider
 
 
@@ -58,12 +58,21 @@ def _in_pool_process(**_):
     install("worker")
 
 
+def _pool_process_ends(**_):
+    # A pool process ends without running atexit, where the provider would export what it holds.
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, TracerProvider):
+        provider.shutdown()
+
+
 def configure_processes():
-    """From a settings module: every pool process of a Celery worker gets its provider as it starts,
-    and the dispatcher now (its command is what this process runs)."""
-    from celery.signals import worker_process_init
+    """From a settings module: every pool process of a Celery worker gets its provider as it starts
+    (and exports what it holds as it ends), and the dispatcher now (its command is what this process
+    runs)."""
+    from celery.signals import worker_process_init, worker_process_shutdown
 
     worker_process_init.connect(_in_pool_process, weak=False, dispatch_uid="benchmarks.span_sink")
+    worker_process_shutdown.connect(_pool_process_ends, weak=False, dispatch_uid="benchmarks.span_sink")
     if "timeouts_dispatcher" in sys.argv:
         install("dispatcher")
 

@@ -56,7 +56,7 @@ def _one(ctx, variant, rep) -> dict:
             from . import span_sink
 
             env.update({"DJANGO_SETTINGS_MODULE": SETTINGS, span_sink.SPANS_DIR: folder})
-            provider = span_sink.tracer_provider("bench")
+            provider = span_sink.tracer_provider("bench", folder)
             tracer = provider.get_tracer("benchmarks")
 
             def within():

@@ -17,9 +17,8 @@ from timeouts import tracing
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_spans_are_dropped_and_counted_in_a_file_of_each_process(tmp_path, monkeypatch):
-    monkeypatch.setenv(span_sink.SPANS_DIR, str(tmp_path))
-    provider = span_sink.tracer_provider("bench")
+def test_spans_are_dropped_and_counted_in_a_file_of_each_process(tmp_path):
+    provider = span_sink.tracer_provider("bench", tmp_path)
     tracer = provider.get_tracer("test")
     for _ in range(3):
         with tracer.start_as_current_span("schedule"):
@@ -48,6 +47,20 @@ def test_the_settings_with_tracing_configure_the_dispatcher_and_each_pool_proces
     assert provider_in("celery", "-A", "project", "worker", signal=True) == "TracerProvider"
     # A worker's main process (it makes no spans; its pool processes each get their own) and others.
     assert provider_in("celery", "-A", "project", "worker") == "ProxyTracerProvider"
+
+
+def test_a_pool_process_exports_the_spans_it_holds_as_it_ends(tmp_path):
+    code = ("import benchmarks.settings_tracing\n"
+            "from celery.signals import worker_process_init, worker_process_shutdown\n"
+            "from opentelemetry import trace\n"
+            "worker_process_init.send(sender=None)\n"
+            "for _ in range(5): trace.get_tracer('test').start_span('run').end()\n"
+            "worker_process_shutdown.send(sender=None, pid=0, exitcode=0)\n"
+            "import os; os._exit(0)  # as a pool process ends: no atexit\n")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30, check=True,
+                   env={**os.environ, "PYTHONPATH": str(ROOT), span_sink.SPANS_DIR: str(tmp_path)})
+
+    assert span_sink.exported(tmp_path) == 5
 
 
 def runs_of_one_repeat(rep, p99_on, drain_on):
