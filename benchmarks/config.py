@@ -66,6 +66,7 @@ class BenchConfig:
     n_late: int = 10000  # late_recovery: tasks due during the outage, half of them skipped when late
     outage: float = 60.0  # late_recovery: seconds without a worker
     late_stream: float = 60.0  # late_recovery: seconds of on-time tasks due from the restart
+    late_work_ms: float = 0.0  # late_recovery: milliseconds each handler waits after recording its start
     repo: str = ""  # isolation_cost: the git repository with the previous claim_due (default: the project)
     claim_sql_commit: str = ""  # isolation_cost: the commit whose claim_due is "previous" (default: found)
     shards_base_commit: str = ""  # shards_overhead: the code before shards (default: found)
@@ -107,7 +108,7 @@ class BenchConfig:
                      "n_rate", "n_claim", "n_shards_drain", "n_shards_outage", "n_late"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
-        for name in ("n_idle", "cpu_rate", "cpu_idle_seconds"):
+        for name in ("n_idle", "cpu_rate", "cpu_idle_seconds", "late_work_ms"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         for name in ("window", "lead", "idle_seconds", "scan_interval", "restart_from", "restart_down", "outage",

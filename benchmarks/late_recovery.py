@@ -7,10 +7,13 @@ deployment runs beat's scan: it gives back the leases that ran out during the ou
 - the worker stops (SIGTERM, with nothing running: nothing is cut off) and a new one starts
   `--outage` seconds later (the restart: recovery is timed from it);
 - N tasks (`--n-late`) fall due uniformly over the outage, half of `benchmarks.skippable`, whose
-  handler declares max_lateness=SKIP_AFTER, on_late="skip", half of `benchmarks.noop` (no policy);
-- the on-time stream: STREAM_RATE tasks a second of `benchmarks.noop`, due one after another from
-  the restart for `--late-stream` seconds: work that must run, claimed after its own biz_type's
-  backlog (oldest first within a biz_type).
+  handler declares max_lateness=SKIP_AFTER, on_late="skip", half of `benchmarks.must_run` (no policy);
+- the on-time stream: STREAM_RATE tasks a second of `benchmarks.must_run`, due one after another
+  from the restart for `--late-stream` seconds: work that must run, claimed after its own
+  biz_type's backlog (oldest first within a biz_type).
+
+Both handlers record their start, then wait `--late-work-ms` (0: none), as a handler's I/O would:
+what a skipped task is spared. A skip still costs a claim, a message and the start that ends it.
 
 Variants: `policy` (the handler's own policy in force, reset_limits()) and `no_policy` (overridden
 by set_limits(max_lateness=None): every late task runs, as before the policy existed).
@@ -31,7 +34,7 @@ from timeouts.states import Status
 
 from . import machine, stats
 from .database import reset
-from .handlers import NOOP, SKIP_AFTER, SKIPPABLE
+from .handlers import LATE_WORK_MS, MUST_RUN, SKIP_AFTER, SKIPPABLE
 from .pairs import median_ratio, ratios_of
 from .processes import Processes, flush_broker
 from .progress import note
@@ -52,9 +55,9 @@ ON_TIME = timedelta(milliseconds=100)  # a stream task started within this of it
 STREAM, BACKLOG = "stream-", "late-"  # biz_id prefixes of the stream's tasks and the outage's
 TITLES = {"late_recovery": (
     "{n_late:,} tasks due over a {outage:g} s outage of every worker, half of a biz_type that skips a task "
-    f"over {SKIP_AFTER.total_seconds():g} s late; then {STREAM_RATE:g} tasks/s of the other due for "
-    "{late_stream:g} s from the restart (s from the restart; recovery: from when every one of them starts within "
-    f"{ON_TIME.total_seconds() * 1000:g} ms)")}
+    f"over {SKIP_AFTER.total_seconds():g} s late, handlers that work {{late_work_ms:g}} ms; then {STREAM_RATE:g} "
+    "tasks/s of the other due for {late_stream:g} s from the restart (s from the restart; recovery: from when "
+    f"every one of them starts within {ON_TIME.total_seconds() * 1000:g} ms)")}
 
 TASKS = """
 SELECT t.biz_type, t.biz_id, t.action_time, t.status, t.last_error, t.finished_at,
@@ -81,7 +84,8 @@ def _one(ctx, variant, rep) -> dict:
         timeouts.reset_limits(SKIPPABLE, using=ctx.alias)
     else:
         timeouts.set_limits(SKIPPABLE, max_lateness=None, using=ctx.alias)
-    procs = Processes(env=ctx.env, cwd=ctx.cwd, log_dir=ctx.log_dir, label=f"late_recovery/{variant}/rep{rep + 1}")
+    env = {**ctx.env, LATE_WORK_MS: str(cfg.late_work_ms)}
+    procs = Processes(env=env, cwd=ctx.cwd, log_dir=ctx.log_dir, label=f"late_recovery/{variant}/rep{rep + 1}")
     load = machine.loadavg()[0]
     try:
         worker = procs.worker(app=cfg.celery_app, concurrency=cfg.concurrency)
@@ -99,14 +103,14 @@ def _one(ctx, variant, rep) -> dict:
         procs.worker(app=cfg.celery_app, concurrency=cfg.concurrency)
         timeout = stream[-1].timestamp() - time.time() + cfg.drain_timeout
         try:
-            wait_until(lambda: ctx.conn.execute(UNFINISHED, ([NOOP, SKIPPABLE],)).fetchone()[0] == 0, timeout,
+            wait_until(lambda: ctx.conn.execute(UNFINISHED, ([MUST_RUN, SKIPPABLE],)).fetchone()[0] == 0, timeout,
                        procs.check, f"late_recovery {variant}: every task to end", interval=0.5)
         except TimeoutError as exc:
             note(f"late_recovery {variant}: {exc}")  # what has not ended counts as lost
         time.sleep(1.0)  # time for a second start of a task to show
     finally:
         procs.stop_all()
-    rows = [Row(*r) for r in ctx.conn.execute(TASKS, ([NOOP, SKIPPABLE],))]
+    rows = [Row(*r) for r in ctx.conn.execute(TASKS, ([MUST_RUN, SKIPPABLE],))]
     return {**outcome(rows, policy=variant == "policy", restarted=restarted), "loadavg_1min": load}
 
 
@@ -115,12 +119,12 @@ def _schedule(ctx, outage_from, restart_at, rep) -> list[datetime]:
     from the restart; returns the stream's due times."""
     cfg = ctx.cfg
     times = due_times("spread", cfg.n_late, base=outage_from, window=cfg.outage, seed=cfg.seed + rep)
-    stream = [restart_at + timedelta(seconds=i / STREAM_RATE) for i in range(max(1, round(cfg.late_stream *
-                                                                                          STREAM_RATE)))]
-    items = [{"biz_type": SKIPPABLE if i % 2 == 0 else NOOP, "biz_id": f"{BACKLOG}{i}", "at": at, "on_conflict": None}
+    count = max(1, round(cfg.late_stream * STREAM_RATE))
+    stream = [restart_at + timedelta(seconds=i / STREAM_RATE) for i in range(count)]
+    items = [{"biz_type": SKIPPABLE if i % 2 == 0 else MUST_RUN, "biz_id": f"{BACKLOG}{i}", "at": at}
              for i, at in enumerate(times)]
-    items += [{"biz_type": NOOP, "biz_id": f"{STREAM}{i}", "at": at, "on_conflict": None}
-              for i, at in enumerate(stream)]
+    items += [{"biz_type": MUST_RUN, "biz_id": f"{STREAM}{i}", "at": at} for i, at in enumerate(stream)]
+    items = [{**item, "on_conflict": None} for item in items]
     for i in range(0, len(items), cfg.bulk_chunk):
         timeouts.bulk_schedule(items[i:i + cfg.bulk_chunk], using=ctx.alias)
     return stream

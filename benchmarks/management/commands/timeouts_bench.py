@@ -45,6 +45,8 @@ class Command(BaseCommand):
         add("--outage", type=float, default=d.outage, help="late_recovery: seconds without a worker")
         add("--late-stream", type=float, default=d.late_stream,
             help="late_recovery: seconds of on-time tasks due from the restart")
+        add("--late-work-ms", type=float, default=d.late_work_ms,
+            help="late_recovery: milliseconds each handler waits, as its I/O would (0: a no-op handler)")
         add("--cpu-rate", type=float, default=d.cpu_rate,
             help="durable_cpu: calls per second of each kind (0: as fast as they go)")
         add("--cpu-idle-seconds", type=float, default=d.cpu_idle_seconds,

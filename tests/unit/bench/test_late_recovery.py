@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import late_recovery, report
 from benchmarks.config import BenchConfig
-from benchmarks.handlers import NOOP, SKIPPABLE
+from benchmarks.handlers import MUST_RUN, SKIPPABLE
 from benchmarks.late_recovery import BACKLOG, STREAM, Row, outcome, recovery_time
 from timeouts.lateness import NOT_RUN
 from timeouts.states import Status
@@ -56,14 +56,14 @@ def run(policy=True, **more):
         # The backlog: skipped (over 5 s late) with the policy, run otherwise.
         Row(SKIPPABLE, f"{BACKLOG}0", at(1), Status.CANCELLED,
             f"{NOT_RUN}61.0 s after its time, over max_lateness 5 s (on_late=skip)", at(62), 0, None),
-        Row(NOOP, f"{BACKLOG}1", at(2), Status.DONE, "", at(64), 1, at(63.9)),
+        Row(MUST_RUN, f"{BACKLOG}1", at(2), Status.DONE, "", at(64), 1, at(63.9)),
         Row(SKIPPABLE, f"{BACKLOG}2", at(58), Status.DONE, "", at(62.5), 1, at(62.4)),  # within 5 s: ran
-        Row(NOOP, f"{BACKLOG}3", at(59), Status.DONE, "", at(66), 1, at(65.9)),
+        Row(MUST_RUN, f"{BACKLOG}3", at(59), Status.DONE, "", at(66), 1, at(65.9)),
         # The stream: late until the backlog is done, on time from 66 s on.
-        Row(NOOP, f"{STREAM}0", at(60), Status.DONE, "", at(64.1), 1, at(64)),
-        Row(NOOP, f"{STREAM}1", at(65), Status.DONE, "", at(66.1), 1, at(66)),
-        Row(NOOP, f"{STREAM}2", at(66), Status.DONE, "", at(66.02), 1, at(66.01)),
-        Row(NOOP, f"{STREAM}3", at(67), Status.DONE, "", at(67.02), 1, at(67.005)),
+        Row(MUST_RUN, f"{STREAM}0", at(60), Status.DONE, "", at(64.1), 1, at(64)),
+        Row(MUST_RUN, f"{STREAM}1", at(65), Status.DONE, "", at(66.1), 1, at(66)),
+        Row(MUST_RUN, f"{STREAM}2", at(66), Status.DONE, "", at(66.02), 1, at(66.01)),
+        Row(MUST_RUN, f"{STREAM}3", at(67), Status.DONE, "", at(67.02), 1, at(67.005)),
     ]
     return rows, restarted
 
@@ -93,10 +93,10 @@ def test_a_task_skipped_without_the_policy_or_within_max_lateness_was_skipped_wr
 
 def test_lost_twice_early_and_run_over_the_policy_are_counted():
     rows, restarted = run()
-    rows[1] = Row(NOOP, f"{BACKLOG}1", at(2), Status.DISPATCHED, "", None, 0, None)  # never started
-    rows[3] = Row(NOOP, f"{BACKLOG}3", at(59), Status.DONE, "", at(66), 2, at(65.9))  # started twice
+    rows[1] = Row(MUST_RUN, f"{BACKLOG}1", at(2), Status.DISPATCHED, "", None, 0, None)  # never started
+    rows[3] = Row(MUST_RUN, f"{BACKLOG}3", at(59), Status.DONE, "", at(66), 2, at(65.9))  # started twice
     rows[2] = Row(SKIPPABLE, f"{BACKLOG}2", at(58), Status.DONE, "", at(64), 1, at(63.5))  # 5.5 s late, ran
-    rows[7] = Row(NOOP, f"{STREAM}3", at(67), Status.DONE, "", at(67.02), 1, at(66.99))  # before its time
+    rows[7] = Row(MUST_RUN, f"{STREAM}3", at(67), Status.DONE, "", at(67.02), 1, at(66.99))  # before its time
 
     out = outcome(rows, policy=True, restarted=restarted)
 
