@@ -65,8 +65,8 @@ class BenchConfig:
     n_shards_outage: int = 2000  # shards_outage: tasks due over the window, over all three shards
     n_late: int = 10000  # late_recovery: tasks due during the outage, half of them skipped when late
     outage: float = 60.0  # late_recovery: seconds without a worker
-    late_stream: float = 60.0  # late_recovery: seconds of on-time tasks due from the restart
-    late_work_ms: float = 0.0  # late_recovery: milliseconds each handler waits after recording its start
+    late_stream: float = 120.0  # late_recovery: seconds of on-time tasks due from the restart
+    late_work_ms: float = 10.0  # late_recovery: milliseconds each handler waits after recording its start
     repo: str = ""  # isolation_cost: the git repository with the previous claim_due (default: the project)
     claim_sql_commit: str = ""  # isolation_cost: the commit whose claim_due is "previous" (default: found)
     shards_base_commit: str = ""  # shards_overhead: the code before shards (default: found)

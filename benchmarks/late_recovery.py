@@ -13,7 +13,11 @@ deployment runs beat's scan: it gives back the leases that ran out during the ou
   biz_type's backlog (oldest first within a biz_type).
 
 Both handlers record their start, then wait `--late-work-ms` (0: none), as a handler's I/O would:
-what a skipped task is spared. A skip still costs a claim, a message and the start that ends it.
+what a skipped task is spared. A skip still costs a claim, a message and the start that ends it,
+about what a no-op handler's run costs: with no-op handlers the policy cannot shorten the recovery.
+With equal halves and fair claiming it cannot shorten it by half either: without the policy the
+worker runs both halves, with it one half and the skips of the other, both drained side by side.
+The stream lasts long enough for the recovery without the policy to fall within it (else None).
 
 Variants: `policy` (the handler's own policy in force, reset_limits()) and `no_policy` (overridden
 by set_limits(max_lateness=None): every late task runs, as before the policy existed).
