@@ -2,10 +2,15 @@
 
 `task_event` is a Django signal, sent with the keyword arguments
 
-- `event`: "scheduled", "dispatched", "started", "done", "retried", "dead" or "cancelled";
+- `event`: "scheduled", "dispatched", "started", "done", "retried", "dead", "cancelled" or "late";
 - `biz_type`: the handler's name;
 - `count`: how many tasks of that biz_type it concerns (claims and cancels come in batches);
-- `lateness`: for "started" only, `started_at - action_time` in seconds of a first attempt, else None.
+- `lateness`: for "started", `started_at - action_time` in seconds of a first attempt, else None;
+  for "late", how many seconds after it was due the attempt started;
+- `on_late`: for "late" only (else None), the lateness policy that applied: "run", "skip" or "dead".
+
+"late" is an attempt that started later than its biz_type's lateness policy allows
+(timeouts.lateness). A "skip" or "dead" one ended its task: it is counted as "cancelled" or "dead" too.
 
 It is sent once the transaction that made the change has committed (at once in autocommit mode,
 which is how the scan, the dispatcher and the workers run), so a rolled-back schedule or cancel
@@ -35,12 +40,12 @@ __all__ = ["EVENTS", "task_event"]
 
 logger = logging.getLogger(__name__)
 
-EVENTS = ("scheduled", "dispatched", "started", "done", "retried", "dead", "cancelled")
+EVENTS = ("scheduled", "dispatched", "started", "done", "retried", "dead", "cancelled", "late")
 
 task_event = Signal()
 
-# Functions called with (event, biz_type, count, lateness) for each event, before task_event's
-# receivers. One that raises is logged, as a receiver is.
+# Functions called with (event, biz_type, count, lateness) for each event, and on_late= for "late",
+# before task_event's receivers. One that raises is logged, as a receiver is.
 listeners = []
 
 
@@ -50,26 +55,27 @@ def listen(listener) -> None:
         listeners.append(listener)
 
 
-def emit(event, biz_type, count=1, *, lateness=None, using=DEFAULT_DB_ALIAS):
+def emit(event, biz_type, count=1, *, lateness=None, using=DEFAULT_DB_ALIAS, on_late=None):
     # Not has_listeners(): it works out the live receivers, which sending does again.
     if count <= 0 or not (listeners or task_event.receivers):
         return
     if connections[using].in_atomic_block:
-        transaction.on_commit(partial(_send, event, biz_type, count, lateness), using=using)
+        transaction.on_commit(partial(_send, event, biz_type, count, lateness, on_late), using=using)
     else:
-        _send(event, biz_type, count, lateness)
+        _send(event, biz_type, count, lateness, on_late)
 
 
-def _send(event, biz_type, count, lateness):
+def _send(event, biz_type, count, lateness, on_late=None):
+    policy = {} if on_late is None else {"on_late": on_late}
     for listener in listeners:
         try:
-            listener(event, biz_type, count, lateness)
+            listener(event, biz_type, count, lateness, **policy)
         except Exception:
             logger.exception("timeouts: listener %r of the %s event failed", listener, event)
     if not task_event.receivers:
         return
     for receiver, result in task_event.send_robust(
-        sender=None, event=event, biz_type=biz_type, count=count, lateness=lateness
+        sender=None, event=event, biz_type=biz_type, count=count, lateness=lateness, on_late=on_late
     ):
         if isinstance(result, Exception):
             logger.error("timeouts: task_event receiver %r failed", receiver, exc_info=result)
@@ -106,6 +112,14 @@ def ran(task, outcome):
     if event:
         emit(event, task.biz_type)
     return outcome
+
+
+def late(biz_type, on_late, lateness):
+    """An attempt that started `lateness` seconds after it was due, later than its lateness policy
+    allows (worker/attempt.py); `on_late` says what became of it."""
+    emit("late", biz_type, lateness=lateness, on_late=on_late)
+    if on_late != "run":
+        emit("cancelled" if on_late == "skip" else "dead", biz_type)
 
 
 def cancelled(biz_type, count, using=DEFAULT_DB_ALIAS):

@@ -6,7 +6,9 @@ timeouts.events: connect(), which TimeoutsConfig.ready() calls):
     timeouts_scheduled_total, timeouts_dispatched_total, timeouts_done_total,
     timeouts_retried_total, timeouts_dead_total, timeouts_cancelled_total
 
-and the histogram `timeouts_lateness_seconds` (started_at - action_time of first attempts).
+the histogram `timeouts_lateness_seconds` (started_at - action_time of first attempts), and
+`timeouts_late_total`, labelled biz_type and on_late ("run", "skip", "dead"): attempts that started
+later than their biz_type's lateness policy allows (timeouts.lateness), by what became of them.
 Gauges, read from the database when scraped (bounded, indexed queries; above 100,000 rows the two
 counts are the planner's estimates):
 
@@ -87,12 +89,15 @@ REGISTRY = CollectorRegistry(auto_describe=True) if prometheus_client else None
 COUNTING = prometheus_client is not None  # connect() has record() listen only then
 COUNTERS = {}
 LATENESS = None
+LATE = None
 
 if prometheus_client:
     COUNTERS = {event: Counter(f"{PREFIX}{event}", HELP[event], ["biz_type"], registry=REGISTRY)
                 for event in COUNTED}
     LATENESS = Histogram(f"{PREFIX}lateness_seconds", "started_at - action_time of first attempts.",
                          ["biz_type"], buckets=LATENESS_BUCKETS, registry=REGISTRY)
+    LATE = Counter(f"{PREFIX}late", "Attempts that started later than their biz_type's max_lateness, by the "
+                   "policy that applied (on_late: run, skip or dead).", ["biz_type", "on_late"], registry=REGISTRY)
 
 
 def require_prometheus_client() -> None:
@@ -108,7 +113,7 @@ def connect() -> None:
         events.listen(record)
 
 
-def record(event, biz_type, count=1, lateness=None):
+def record(event, biz_type, count=1, lateness=None, on_late=None):
     """Count one event of timeouts.events (the label given by position: labels(biz_type=) checks and
     sorts the keyword names on every call)."""
     if not COUNTING:  # connect() listens only with prometheus_client; a direct call needs it too
@@ -117,6 +122,8 @@ def record(event, biz_type, count=1, lateness=None):
         COUNTERS[event].labels(biz_type).inc(count)
     elif event == "started" and lateness is not None:
         LATENESS.labels(biz_type).observe(max(lateness, 0.0))
+    elif event == "late":
+        LATE.labels(biz_type, on_late).inc(count)
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,13 @@ import functools
 import inspect
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync
 from django.core.exceptions import ImproperlyConfigured
 
-from timeouts import kinds
+from timeouts import kinds, lateness
 from timeouts.errors import InvalidBizType, UnknownBizType
 from timeouts.validation import BIZ_TYPE_RE, check_concurrency, check_rate_limit, describe
 
@@ -23,6 +24,8 @@ class Handler:
     ttr: int | None = None  # None: the DEFAULT_TTR setting
     rate_limit: float | None = None  # handler starts per second, deployment-wide (timeouts.limiting.controls)
     concurrency: int | None = None  # tasks running at once, deployment-wide
+    max_lateness: timedelta | None = None  # how late an attempt may start (timeouts.lateness); None: no limit
+    on_late: str = "run"  # what becomes of a later start: "run", "skip" or "dead"
 
     def __call__(self, task):
         result = self.func(task)
@@ -54,7 +57,8 @@ def check_biz_type(biz_type) -> str:
 
 
 def handler(biz_type: str, *, queue: str | None = None, max_attempts: int | None = None, ttr: int | None = None,
-            rate_limit: float | None = None, concurrency: int | None = None
+            rate_limit: float | None = None, concurrency: int | None = None,
+            max_lateness: timedelta | None = None, on_late: str = "run",
             ) -> Callable[[HandlerFunc], HandlerFunc]:
     """Register the decorated function as the handler of `biz_type`.
 
@@ -63,6 +67,10 @@ def handler(biz_type: str, *, queue: str | None = None, max_attempts: int | None
 
     `rate_limit` (starts per second) and `concurrency` (tasks running at once) limit this biz_type
     across the whole deployment (timeouts.limiting.controls); `timeouts.set_limits()` overrides them at run time.
+
+    `max_lateness` (a timedelta) and `on_late` are the lateness policy (timeouts.lateness): an attempt
+    that starts more than `max_lateness` after it was due is run all the same ("run", the default),
+    skipped ("skip": the task ends CANCELLED) or made DEAD ("dead"). `set_limits()` overrides them too.
 
     The function may be an `async def`: the worker awaits it to its end, as Django runs an async task.
 
@@ -87,10 +95,12 @@ def handler(biz_type: str, *, queue: str | None = None, max_attempts: int | None
     if queue is not None and (not isinstance(queue, str) or not queue):
         raise ImproperlyConfigured(f"handler {biz_type!r}: queue must be a non-empty string, got {queue!r}")
     rate_limit, concurrency = _limits(biz_type, rate_limit, concurrency)
+    max_lateness, on_late = lateness.check_policy(
+        max_lateness, on_late, lambda message: ImproperlyConfigured(f"handler {biz_type!r}: {message}"))
 
     def register(func: HandlerFunc) -> HandlerFunc:
         _check_runnable(biz_type, func)
-        new = Handler(biz_type, func, queue, max_attempts, ttr, rate_limit, concurrency)
+        new = Handler(biz_type, func, queue, max_attempts, ttr, rate_limit, concurrency, max_lateness, on_late)
         old = _handlers.get(biz_type)
         # Re-importing the same module (autoreload, tests) re-registers the same function: allowed.
         if old is not None and _qualified(old.func) != _qualified(func):

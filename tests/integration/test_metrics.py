@@ -10,7 +10,9 @@ from django.test import override_settings
 from django.urls import path
 from prometheus_client.parser import text_string_to_metric_families
 
+import timeouts
 from tests.support.factories import move_to
+from tests.support.isolation import no_limits  # noqa: F401  (a fixture)
 from timeouts import events, metrics
 from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
@@ -130,3 +132,19 @@ def test_the_view_says_what_to_install_without_prometheus_client(client, monkeyp
     monkeypatch.setattr(metrics, "prometheus_client", None)
     response = client.get("/metrics/timeouts")
     assert response.status_code == 501 and b"django-timeouts[prometheus]" in response.content
+
+
+def test_late_starts_are_counted_by_biz_type_and_policy(starts, no_limits):  # noqa: F811
+    def late_total(on_late):
+        return metrics.REGISTRY.get_sample_value("timeouts_late_total",
+                                                 {"biz_type": "test.record", "on_late": on_late}) or 0.0
+
+    before = {on_late: late_total(on_late) for on_late in ("run", "skip", "dead")}
+    deltas = Deltas()
+    for on_late, biz_id in (("run", 1), ("skip", 2), ("dead", 3)):
+        timeouts.set_limits("test.record", max_lateness=timedelta(seconds=1), on_late=on_late)
+        TimeoutTask.objects.schedule("test.record", biz_id, at=datetime.now(UTC) - timedelta(seconds=10))
+        run_claims()
+    assert {on_late: late_total(on_late) - before[on_late] for on_late in before} == {"run": 1, "skip": 1, "dead": 1}
+    assert deltas() == {"scheduled": 3, "dispatched": 3, "done": 1, "cancelled": 1, "dead": 1,
+                        "lateness_seconds_count": 1}

@@ -29,7 +29,7 @@ def close_order(task: TimeoutTask) -> None:
     print(task.biz_type, task.biz_id, task.status == TimeoutTask.Status.RUNNING, reason, lateness)
 
 
-@timeouts.handler("order.remind")
+@timeouts.handler("order.remind", max_lateness=timedelta(minutes=5), on_late="skip")
 async def remind(task: TimeoutTask) -> str:
     return task.biz_id
 
@@ -93,10 +93,15 @@ def limits_and_pauses() -> None:
     rate: float | None = in_force.rate_limit
     concurrency: int | None = in_force.concurrency
     paused: bool = in_force.paused
-    print(rate, concurrency, paused, timeouts.Limits(rate_limit=1.0, concurrency=None, paused=False))
+    max_lateness: timedelta | None = in_force.max_lateness
+    on_late: str = in_force.on_late
+    print(rate, concurrency, paused, max_lateness, on_late,
+          timeouts.Limits(rate_limit=1.0, concurrency=None, paused=False))
     assert_type(timeouts.limits("order.close", using="default"), timeouts.Limits)
     assert_type(timeouts.set_limits("order.close", rate_limit=10, concurrency=None), None)
     assert_type(timeouts.set_limits("order.close", 2.5, 4, using="default"), None)
+    assert_type(timeouts.set_limits("order.remind", max_lateness=timedelta(minutes=2), on_late="dead"), None)
+    assert_type(timeouts.set_limits("order.remind", max_lateness=None), None)
     assert_type(timeouts.reset_limits("order.close"), None)
     assert_type(timeouts.pause("order.close", using=None), None)
     assert_type(timeouts.resume("order.close"), None)

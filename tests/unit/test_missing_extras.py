@@ -81,3 +81,24 @@ def test_without_prometheus_client_what_needs_it_raises_improperly_configured_na
     lines = out.splitlines()
     assert len(lines) == 5 and all('pip install "django-timeouts[prometheus]"' in line for line in lines), out
     assert "prometheus_client" in lines[0]
+
+
+def test_without_opentelemetry_tracing_is_a_no_op_and_imports_nothing():
+    out = run(("opentelemetry",), """
+        import sys
+        from types import SimpleNamespace
+        from timeouts import tracing
+        from timeouts.dispatch import publishing  # noqa: F401 (every module that traces loads)
+        from timeouts.store import scheduling  # noqa: F401
+        from timeouts.worker import attempt  # noqa: F401
+        assert tracing.trace is None
+        assert tracing.stored_context() is None
+        assert tracing.linked_context("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01") is None
+        assert tracing.run_started(None, None, "anything") is None
+        with tracing.active(None), tracing.dispatching([SimpleNamespace(trace_context="x")]):
+            tracing.run_failed(None, ValueError())
+            tracing.run_ended(None, "done")
+        print(sorted(name for name, module in sys.modules.items()
+                     if name.startswith("opentelemetry") and module is not None))
+    """)
+    assert out.strip() == "[]", out

@@ -2,12 +2,14 @@
 
 - Counting: an estimated count instead of COUNT(*) (paginator.py), no full-table count, no facets,
   no date_hierarchy.
-- Filters (filters.py) and the ordering (action_time only) are each served by an index and pruned
-  to the partitions they need; search is by exact job id or biz_id (two index probes).
+- Filters (filters.py: status, biz type, due window, ended late) and the ordering (action_time
+  only) are each served by an index and pruned to the partitions they need; search is by exact job
+  id or biz_id (two index probes).
 - Actions (actions.py): cancel, requeue, run now, through the ORM API, with their own permissions,
   logged in the admin log.
 - The businesses page (businesses.py), beside the list: every biz_type with its overdue and coming
-  tasks, its lateness, and its limits and pause, which `timeouts.change_limits` may change.
+  tasks, its lateness, and its limits, pause and lateness policy, which `timeouts.change_limits` may
+  change.
 - Shards (TIMEOUTS["SHARDS"], several databases): a shard filter; "all shards", the default, merges
   each shard's first rows into the page and sums their counts (merged.py). A task's job id names its
   shard, so the detail page and the actions read and change each task there.
@@ -21,7 +23,7 @@ from django.urls import path
 
 from timeouts.admin import businesses, display
 from timeouts.admin.actions import cancel_selected, requeue_selected, run_now
-from timeouts.admin.filters import BizTypeFilter, DueWindowFilter, ShardFilter, StatusFilter
+from timeouts.admin.filters import BizTypeFilter, DueWindowFilter, EndedLateFilter, ShardFilter, StatusFilter
 from timeouts.admin.merged import ShardedChangeList
 from timeouts.admin.paginator import EstimatedCountPaginator
 from timeouts.models import TimeoutTask
@@ -34,7 +36,7 @@ MAX_JOB_ID = 2**63 - 1
 class TimeoutTaskAdmin(admin.ModelAdmin):
     list_display = ("job_id", "biz_type", "biz_id", "status_display", "action_time_display", "lateness_display",
                     "attempts")
-    list_filter = (StatusFilter, BizTypeFilter, DueWindowFilter)
+    list_filter = (StatusFilter, BizTypeFilter, DueWindowFilter, EndedLateFilter)
     search_fields = ("=job_id", "=biz_id")  # for the search box; get_search_results does the lookups
     search_help_text = "Exact job id or biz_id."
     ordering = ("-action_time",)

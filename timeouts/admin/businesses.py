@@ -1,10 +1,11 @@
 """The businesses page: every biz_type this deployment knows, with what is waiting, what is coming,
-how late it runs, and the limits and pause in force; where an operator looks first in an incident.
+how late it runs, and the limits, pause and lateness policy in force; where an operator looks first
+in an incident.
 
 Reached from the task list (/admin/timeouts/timeouttask/businesses/), for staff who may view
-tasks. Pausing, resuming and setting limits from it need the permission `timeouts.change_limits`;
-each change goes through timeouts.pause(), resume(), set_limits() or reset_limits(), and into the
-admin log.
+tasks. Pausing, resuming and setting limits or the lateness policy from it need the permission
+`timeouts.change_limits`; each change goes through timeouts.pause(), resume(), set_limits() or
+reset_limits(), and into the admin log.
 
 Every number on it comes from bounded, index-served queries (timeouts.stats, sql/queries/stats.sql), so
 it answers as fast on tens of millions of rows as on a few. With several shards it shows one shard's
@@ -21,9 +22,10 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
-from timeouts import registry, stats
+from timeouts import lateness, registry, stats
 from timeouts.admin import charts, control
 from timeouts.errors import InvalidOption, TimeoutsError
+from timeouts.limiting import policies
 from timeouts.models import TimeoutTask
 from timeouts.storage import shards
 from timeouts.store import clock
@@ -41,10 +43,20 @@ class Row:
     limits: stats.BizTypeLimits
     running: stats.Count
     changeable: bool
+    policy: policies.Policy
 
     @property
     def shown(self):
         return control.shown(self.limits)
+
+    @property
+    def policy_shown(self):
+        return control.shown_policy(self.policy)
+
+    @property
+    def overridden(self):
+        """What reset_limits() would undo: the limits, or the lateness policy."""
+        return self.limits.overridden or self.policy.overridden
 
     @property
     def due_chart(self):
@@ -92,8 +104,9 @@ def rows(using="default"):
     names = [biz_type.name for biz_type in found]
     due = stats.due_soon(names, now, using=using)
     late = stats.recent_lateness(names, now, using=using)
+    policy = policies.policies(names, using=using)
     return now, [Row(b.name, b.sources, b.overdue, due[b.name], late[b.name], b.limits, b.running,
-                     control.changeable(b.name)) for b in found]
+                     control.changeable(b.name), policy[b.name]) for b in found]
 
 
 def businesses_view(model_admin, request):
@@ -120,6 +133,7 @@ def businesses_view(model_admin, request):
         "overdue_limit": f"{stats.OVERDUE_LIMIT:,}",
         "legend": charts.legend(),
         "can_change": can_change,
+        "on_late_choices": lateness.ON_LATE,
         "shards": aliases if len(aliases) > 1 else (),
         "shard": shard,
     }
@@ -139,6 +153,9 @@ def _change(request):
         elif action == "set_limits":
             message = control.set_limits(biz_type, request.POST.get("rate_limit", ""),
                                          request.POST.get("concurrency", ""))
+        elif action == "set_lateness":
+            message = control.set_lateness(biz_type, request.POST.get("max_lateness", ""),
+                                           request.POST.get("on_late", ""))
         elif action == "reset_limits":
             message = control.reset_limits(biz_type)
         else:

@@ -10,7 +10,7 @@ from django.contrib import admin
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from timeouts import kinds, registry
+from timeouts import kinds, lateness, registry
 from timeouts.states import Status
 from timeouts.storage import shards
 
@@ -120,6 +120,29 @@ class DueWindowFilter(admin.SimpleListFilter):
             start, end = today_bounds()
             return queryset.filter(action_time__gte=start, action_time__lt=end)
         return queryset.none()
+
+
+class EndedLateFilter(admin.SimpleListFilter):
+    """Tasks that a start later than their lateness policy allows ended (timeouts.lateness): skipped
+    (CANCELLED) or DEAD, their last_error beginning with lateness.NOT_RUN. Index:
+    timeouts_task_status (status, action_time), past partitions only (such a task was due before
+    it started); last_error is checked row by row among that status's tasks."""
+
+    title = "ended late"
+    parameter_name = "late"
+    STATUSES = {"skip": Status.CANCELLED, "dead": Status.DEAD}
+
+    def lookups(self, request, model_admin):
+        return [("skip", "skipped (cancelled)"), ("dead", "dead")]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value is None:
+            return queryset
+        if value not in self.STATUSES:
+            return queryset.none()
+        return queryset.filter(status=self.STATUSES[value], last_error__startswith=lateness.NOT_RUN,
+                               action_time__lte=Now())
 
 
 def today_bounds(now=None):

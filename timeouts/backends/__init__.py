@@ -12,12 +12,13 @@ backport the package itself still imports; its names raise the ImportError that 
 `pip install "django-timeouts[tasks]"` (timeouts.backends.compat) when something asks for them.
 """
 
-__all__ = ["Cancelled", "InvalidTaskArguments", "InvalidTaskOptions", "LeaseExpired", "TimeoutsBackend", "cancel"]
+__all__ = ["Cancelled", "InvalidTaskArguments", "InvalidTaskOptions", "LeaseExpired", "StartedLate", "TimeoutsBackend",
+           "cancel"]
 
 try:
     from timeouts.backends.backend import TimeoutsBackend
     from timeouts.backends.cancelling import cancel
-    from timeouts.backends.errors import Cancelled, InvalidTaskArguments, InvalidTaskOptions, LeaseExpired
+    from timeouts.backends.errors import Cancelled, InvalidTaskArguments, InvalidTaskOptions, LeaseExpired, StartedLate
 except ImportError as exc:
     if exc.name != "django_tasks":
         raise

@@ -23,3 +23,9 @@ class LeaseExpired(Exception):  # noqa: N818  (named as the result shows it: wha
 class Cancelled(Exception):  # noqa: N818
     """The task was cancelled (timeouts.backends.cancel, or an operator) before it started, or an
     operator discarded it after every attempt failed."""
+
+
+class StartedLate(Exception):  # noqa: N818
+    """The task's start came later than the lateness policy of its queue's biz_type allows
+    (timeouts.set_limits(..., max_lateness=, on_late=)): it ended instead of running. Its traceback
+    says how late it was."""

@@ -10,8 +10,9 @@ from datetime import UTC, datetime, timedelta
 
 from django.utils.module_loading import import_string
 
+from timeouts import lateness
 from timeouts.backends.compat import TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
-from timeouts.backends.errors import Cancelled, LeaseExpired
+from timeouts.backends.errors import Cancelled, LeaseExpired, StartedLate
 from timeouts.conf import get_settings
 from timeouts.states import Status
 
@@ -91,14 +92,17 @@ def call_of(row) -> dict:
 
 def task_errors(row, stored=None) -> list:
     """The stored error of each failed attempt; an attempt that ended without one (its lease ran
-    out) shows as LeaseExpired, and a cancelled task ends with Cancelled."""
+    out) shows as LeaseExpired, a cancelled task ends with Cancelled, and one that its lateness
+    policy ended with StartedLate."""
     stored = _json(stored if stored is not None else row.get("errors")) or []
     errors = [TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"]) for e in stored]
     status = Status(row["status"])
     failed_attempts = row["attempts"] - (1 if status in (Status.RUNNING, Status.DONE) else 0)
     while len(errors) < failed_attempts:
         errors.append(TaskError(exception_class_path=_path(LeaseExpired), traceback=row["last_error"] or ""))
-    if status == Status.CANCELLED:
+    if lateness.ended_late(status, row["last_error"]):
+        errors.append(TaskError(exception_class_path=_path(StartedLate), traceback=row["last_error"]))
+    elif status == Status.CANCELLED:
         why = "cancelled before it started" if not row["attempts"] else "discarded after its last attempt failed"
         errors.append(TaskError(exception_class_path=_path(Cancelled), traceback=why))
     return errors

@@ -33,6 +33,8 @@ class Claim:
     partition: str  # the partition that held the row when it was claimed
     call: object = None  # a stored Celery call's attribute (JSON), which its message is made of
     shard: str = DEFAULT_DB_ALIAS  # the alias of the database that holds the row
+    biz_id: str = ""
+    trace_context: str | None = None  # what scheduling stored of its trace (tracing.py), for the dispatch's span
 
     @property
     def eta(self):
@@ -86,7 +88,7 @@ def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
         (
             Claim(
                 row["job_id"], row["action_time"], row["run_at"], row["biz_type"], row["attempts"] + 1, row["ttr"],
-                row["claimed_at"], row["partition"], row["call"], shard,
+                row["claimed_at"], row["partition"], row["call"], shard, row["biz_id"], row["trace_context"],
             )
             for row in rows
         ),

@@ -14,7 +14,7 @@ from contextlib import nullcontext
 from celery import current_app
 from kombu.utils.uuid import uuid
 
-from timeouts import kinds
+from timeouts import kinds, tracing
 from timeouts.conf import get_settings
 from timeouts.dispatch.brokers import is_amqp, is_redis
 from timeouts.dispatch.claiming import release
@@ -45,7 +45,13 @@ def publish(claims) -> int:
     """Publish the claims; on a broker error, release what was not sent and re-raise. What is
     written about a claim (released, or ended unpublished) is written on its own shard. Claims of a
     kind that publishes its own (timeouts.kinds: DurableTask's calls go as their tasks' own
-    messages) go through it, after the others, which go as below."""
+    messages) go through it, after the others, which go as below. With tracing, in the spans of
+    their dispatch (tracing.py)."""
+    with tracing.dispatching(claims):
+        return _publish(claims)
+
+
+def _publish(claims) -> int:
     own = kinds.publishing_prefixes()
     if not own or not any(claim.biz_type.startswith(own) for claim in claims):
         return _publish_runs(claims)

@@ -53,6 +53,14 @@ class Call(attempt.Kind):
                         self.task.name, self.task.request.id, fence.job_id, fence.attempt)
         raise Ignore()
 
+    def ended_late(self, row, fence: Fence):
+        """Its start came later than the lateness policy of its biz_type allows, which ended it
+        (timeouts.lateness; its `expires` is Celery's own, applied when it is published): nothing ran,
+        and Celery records nothing, as for a dropped message."""
+        logger.warning("timeouts: %s[%s] (job %s) %s", self.task.name, self.task.request.id, fence.job_id,
+                       row.last_error)
+        raise Ignore()
+
     def ready(self, row, fence: Fence):
         if fence.started is not None:
             _wait_until(fence.started["not_before"], row)

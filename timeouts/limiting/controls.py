@@ -13,12 +13,17 @@ table. The scan runs it before it claims and each dispatcher when it starts, so 
 are in force within SCAN_INTERVAL. Passing them with every claim instead would hand each claim the
 values of whichever version of the code its process runs, and the token bucket of a rate limit
 needs a row of the table anyway. `set_limits()` overrides them until `reset_limits()`.
+
+The lateness policy (timeouts.lateness: max_lateness, on_late) is kept in the same rows, declared and
+overridden the same way, and read by the worker's compare-and-set rather than by the claim.
 """
 
 from dataclasses import dataclass
+from datetime import timedelta
 
-from django.db import connections
+from django.db import connections, transaction
 
+from timeouts import lateness
 from timeouts.conf import notify_params
 from timeouts.errors import InvalidOption
 from timeouts.registry import check_known, find_handler, registered
@@ -31,11 +36,26 @@ from timeouts.validation import check_concurrency, check_rate_limit
 @dataclass(frozen=True)
 class Limits:
     """What is in force for a biz_type: at most `rate_limit` handler starts per second and
-    `concurrency` tasks running at once (None: no limit), and whether it is paused."""
+    `concurrency` tasks running at once (None: no limit), whether it is paused, and its lateness
+    policy: what becomes of an attempt that starts more than `max_lateness` after it was due
+    (`on_late`: "run", "skip" or "dead"; timeouts.lateness)."""
 
     rate_limit: float | None = None
     concurrency: int | None = None
     paused: bool = False
+    max_lateness: timedelta | None = None
+    on_late: str = "run"
+
+
+class Unchanged:
+    """The type of UNCHANGED."""
+
+    def __repr__(self) -> str:
+        return "<unchanged>"
+
+
+#: set_limits()' default for the lateness policy: left as it is.
+UNCHANGED = Unchanged()
 
 
 def limits(biz_type: str, *, using: str | None = None) -> Limits:
@@ -46,20 +66,33 @@ def limits(biz_type: str, *, using: str | None = None) -> Limits:
     row = fetch_one("limits_of", {"biz_type": biz_type}, using=connections[using or shards.aliases()[0]])
     if row is None:
         # Nothing stored yet: the handler's own values, which the next scan declares.
-        rate_limit, concurrency = _declared(biz_type)
-        return Limits(rate_limit, concurrency, False)
-    return Limits(row["rate_limit"], row["concurrency"], row["paused"])
+        rate_limit, concurrency, max_lateness, on_late = _declared(biz_type)
+        return Limits(rate_limit, concurrency, False, max_lateness, on_late)
+    return Limits(row["rate_limit"], row["concurrency"], row["paused"], row["max_lateness"], row["on_late"])
 
 
 def set_limits(biz_type: str, rate_limit: float | None = None, concurrency: int | None = None, *,
+               max_lateness: timedelta | None | Unchanged = UNCHANGED, on_late: str | Unchanged = UNCHANGED,
                using: str | None = None) -> None:
     """Replace the handler's own limits of `biz_type` with these (None: no limit), in the database,
     until the next set_limits() or reset_limits(). In force at every claimer's next claim. A rate
     from one start a day to a million a second, a concurrency from 1 to a million (validation.py);
-    else InvalidOption, and nothing is stored."""
+    else InvalidOption, and nothing is stored.
+
+    `max_lateness` and `on_late`, when either is given, replace the handler's lateness policy (the
+    one not given is None, "run"), in force at every worker's next start; a call that gives only
+    them leaves rate_limit and concurrency as they are, and one that gives neither leaves the policy."""
     check_known(biz_type)
-    rate_limit, concurrency = check_rate_limit(rate_limit, InvalidOption), check_concurrency(concurrency, InvalidOption)
-    _change("override_limits", biz_type, using, rate_limit=rate_limit, concurrency=concurrency)
+    changes = []
+    policy_given = max_lateness is not UNCHANGED or on_late is not UNCHANGED
+    if not policy_given or rate_limit is not None or concurrency is not None:
+        changes.append(("override_limits", {"rate_limit": check_rate_limit(rate_limit, InvalidOption),
+                                            "concurrency": check_concurrency(concurrency, InvalidOption)}))
+    if policy_given:
+        max_lateness, on_late = lateness.check_policy(None if max_lateness is UNCHANGED else max_lateness,
+                                                      "run" if on_late is UNCHANGED else on_late, InvalidOption)
+        changes.append(("override_lateness", {"max_lateness": max_lateness, "on_late": on_late}))
+    _change_all(changes, biz_type, using)
 
 
 def reset_limits(biz_type: str, *, using: str | None = None) -> None:
@@ -85,29 +118,46 @@ def declare(connection=None) -> int:
     """Write the limits that this process's handlers declare into the table, where they differ
     from what is stored (one read when nothing changed), on `connection` (default: the one
     timeouts' statements use in this thread). Returns how many biz_types changed."""
-    declared = {biz_type: (handler.rate_limit, handler.concurrency) for biz_type, handler in registered().items()}
+    declared = {biz_type: _own(handler) for biz_type, handler in registered().items()}
     connection = connection or worker_connection.current()
-    stored = {row["biz_type"]: (row["declared_rate_limit"], row["declared_concurrency"])
+    stored = {row["biz_type"]: (row["declared_rate_limit"], row["declared_concurrency"],
+                                row["declared_max_lateness"], row["declared_on_late"])
               for row in fetch_dicts("declared_limits", using=connection)}
     changed = {biz_type: values for biz_type, values in declared.items()
-               if stored.get(biz_type, (None, None)) != values}
+               if stored.get(biz_type, NOTHING_DECLARED) != values}
     if changed:
-        execute("declare_limits", {"biz_types": list(changed),
-                                   "rate_limits": [rate for rate, _ in changed.values()],
-                                   "concurrencies": [concurrency for _, concurrency in changed.values()]},
+        columns = [list(column) for column in zip(*changed.values(), strict=True)]
+        execute("declare_limits", {"biz_types": list(changed), **dict(zip(DECLARED_ARRAYS, columns, strict=True))},
                 using=connection).close()
     return len(changed)
 
 
+# What a handler without limits nor a lateness policy declares, as a biz_type without a row has.
+NOTHING_DECLARED = (None, None, None, "run")
+# declare_limits' arrays of those values, in that order.
+DECLARED_ARRAYS = ("rate_limits", "concurrencies", "max_latenesses", "on_lates")
+
+
+def _own(handler):
+    return handler.rate_limit, handler.concurrency, handler.max_lateness, handler.on_late
+
+
 def _declared(biz_type):
     handler = find_handler(biz_type)
-    return (None, None) if handler is None else (handler.rate_limit, handler.concurrency)
+    return NOTHING_DECLARED if handler is None else _own(handler)
 
 
 def _change(query, biz_type, using, **values):
-    """The change on `using`, else on every shard (each shard's claims read its own table)."""
-    rate_limit, concurrency = _declared(biz_type)
-    params = {"biz_type": biz_type, "declared_rate_limit": rate_limit, "declared_concurrency": concurrency,
-              **values, **notify_params()}
+    _change_all([(query, values)], biz_type, using)
+
+
+def _change_all(changes, biz_type, using):
+    """The changes, [(query, values)], on `using`, else on every shard (each shard's claims read its
+    own table), together on each."""
+    rate_limit, concurrency, max_lateness, on_late = _declared(biz_type)
+    declared = {"biz_type": biz_type, "declared_rate_limit": rate_limit, "declared_concurrency": concurrency,
+                "declared_max_lateness": max_lateness, "declared_on_late": on_late, **notify_params()}
     for alias in shards.aliases() if using is None else (using,):
-        execute(query, params, using=connections[alias]).close()
+        with transaction.atomic(using=alias):
+            for query, values in changes:
+                execute(query, {**declared, **values}, using=connections[alias]).close()

@@ -13,7 +13,7 @@ all of them in one statement, and settles each key in the order of the batch (_s
 meets the key's waiting task, or an earlier item of the same key, as schedule() would.
 
 "debounce" moves the key's PENDING task rather than adding one. schedule() takes the key's lock
-and moves the task in one database function, timeouts_debounce_v1 (sql/migrations/0003_debounce.sql
+and moves the task in one database function, timeouts_debounce_v1 (sql/migrations/0005_debounce.sql
 says why that is race-free): one round trip, outside a transaction, for a key that has such a task,
 the common case of a debounced key. A call that finds none inserts the task as the other modes
 do, in one transaction with the function, which holds the lock until then.
@@ -35,7 +35,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from timeouts import events, validation
+from timeouts import events, tracing, validation
 from timeouts.conf import get_settings, notify_params
 from timeouts.errors import TaskConflict, TimeoutsError
 from timeouts.registry import get_handler
@@ -65,7 +65,7 @@ def lock_key(key: dict, connection) -> None:
     """The lock of one (biz_type, biz_id), until the transaction ends."""
     execute("lock_biz_key", {**lock_params(), **key}, using=connection).close()
 
-COPY_COLUMNS = ("biz_type", "biz_id", "action_time", "run_at", "attribute", "max_attempts", "ttr")
+COPY_COLUMNS = ("biz_type", "biz_id", "action_time", "run_at", "attribute", "max_attempts", "ttr", "trace_context")
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,8 @@ class NewTask:
     max_wait: timedelta | None = None  # on_conflict="debounce" only
 
     def params(self, slot: int | None = None):
-        """insert_task's parameters; `slot`: the task's (shards.place()), by default its biz_id's."""
+        """insert_task's parameters; `slot`: the task's (shards.place()), by default its biz_id's. With
+        the trace context of the caller, now (tracing.py)."""
         return {
             "slot": shards.slot_of(self.biz_id) if slot is None else slot,
             "biz_type": self.biz_type,
@@ -91,6 +92,7 @@ class NewTask:
             "attribute": self.attribute,
             "max_attempts": self.max_attempts,
             "ttr": self.ttr,
+            "trace_context": tracing.stored_context(),
             **notify_params(),
         }
 
@@ -365,11 +367,13 @@ def _copy(rows, now, connection):
     returns the earliest action_time, for the one NOTIFY of the batch."""
     earliest = None
     job_ids = _job_ids(connection, [where.slot for _, where in rows])
+    trace_context = tracing.stored_context()  # the caller's, the same for the whole batch
     statement = f"COPY timeouts_task ({', '.join(('job_id', *COPY_COLUMNS))}) FROM STDIN"
     with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
         for (new, _), job_id in zip(rows, job_ids, strict=True):
             at = due_time(new, now, now)
-            copy.write_row((job_id, new.biz_type, new.biz_id, at, at, new.attribute, new.max_attempts, new.ttr))
+            copy.write_row((job_id, new.biz_type, new.biz_id, at, at, new.attribute, new.max_attempts, new.ttr,
+                            trace_context))
             earliest = at if earliest is None else min(earliest, at)
     return earliest
 

@@ -91,10 +91,14 @@ def _claim(alias, due_by, since, biz_type) -> Claim | None:
                  row["claimed_at"], row["partition"], row["attribute"], alias)
 
 
+# Outcomes of an attempt whose body never ran: a stale claim, or a start its lateness policy refused.
+NOT_RUN = frozenset({"dropped", "skipped late", "dead late"})
+
+
 def _run(claim: Claim) -> int:
     """Run one claim on its shard's connection; 1 if its work started, else 0."""
     kind = kinds.of(claim.biz_type)
     if kind is not None and kind.run_in_process is not None:
         return int(kind.run_in_process(claim))
     fence = attempt.start_now(claim.fence, claim.claimed_at)
-    return 0 if fence is None else int(running.run(fence) != "dropped")
+    return 0 if fence is None else int(running.run(fence) not in NOT_RUN)

@@ -4,7 +4,9 @@
       -> keep the lease (leases.py) -> run the body -> record how it ended
 
 A message starts its task only if it still owns the row's current attempt (protocol.Fence): a
-stale message, a repeat, or one that lost to a cancel is dropped before anything runs. While the
+stale message, a repeat, or one that lost to a cancel is dropped before anything runs. A start
+later than its biz_type's lateness policy allows (timeouts.lateness) ends the task instead, in the
+same statement: nothing runs. While the
 body runs, the heartbeat keeps the lease, unless the kind leaves it to the pool's hard time limit.
 How the attempt ended is written on the row by a statement fenced by the same attempt (store/
 attempts.py): DONE; again after a backoff, or DEAD once its attempts are used up; or DEAD at once.
@@ -28,10 +30,10 @@ from contextlib import contextmanager, nullcontext
 from typing import NamedTuple
 
 from celery.exceptions import WorkerShutdown, WorkerTerminate
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, transaction
 from psycopg.pq import TransactionStatus
 
-from timeouts import events
+from timeouts import events, tracing
 from timeouts.models import TimeoutTask
 from timeouts.protocol import Fence
 from timeouts.store import attempts, worker_connection
@@ -87,6 +89,11 @@ class Kind:
         logger.info("timeouts: dropped stale message for job %s attempt %s", fence.job_id, fence.attempt)
         return "dropped"
 
+    def ended_late(self, task, fence: Fence) -> str:
+        """A start later than the lateness policy allows ended the task (CANCELLED: "skipped late",
+        or DEAD: "dead late"; its last_error says how late): nothing ran."""
+        return "skipped late" if task.status == TimeoutTask.Status.CANCELLED else "dead late"
+
     def ready(self, task, fence: Fence):
         """Just before the body, the attempt started and leased."""
 
@@ -136,24 +143,36 @@ def run(kind: Kind, fence: Fence, lease_extra: float = 0.0, previous: Done | Non
             task, previous_outcome = _finish_then_start(previous, fence, lease_extra, partition, kind.ahead)
         else:
             previous_outcome = None if previous is None else finish(previous)
-            task = start(fence.key, fence.attempt, lease_extra, partition, kind.ahead)
+            task = _start(fence.key, fence.attempt, lease_extra, partition, kind.ahead)
     if task is None:
         return previous_outcome, kind.dropped(fence), None
+    if task.status != TimeoutTask.Status.RUNNING:
+        return previous_outcome, kind.ended_late(task, fence), None
     faults.fault("run.after_start")
     # In the caller's process the body ends before the caller goes on, and the heartbeat's own
     # connection could not see a row of the caller's transaction (or would wait for it).
     keeps_lease = kind.keeps_lease() and not in_callers_process
     lease = leases.heartbeat.add(shard, fence.key, fence.attempt, task.ttr) if keeps_lease else None
+    span = tracing.run_started(task, fence, task._trace_context)  # None unless tracing is on
     try:
-        kind.ready(task, fence)
-        events.started(task, fence.attempt)
-        with _apart(db) if in_transaction else nullcontext():
-            kind.call(task, fence)
+        with tracing.active(span):
+            kind.ready(task, fence)
+            events.started(task, fence.attempt)
+            with _apart(db) if in_transaction else nullcontext():
+                kind.call(task, fence)
     except BaseException as exc:
         if stops_the_worker(exc):
+            tracing.run_ended(span, "stopped")
             raise
         leases.heartbeat.remove(lease)
-        outcome = _record(Done(kind, task, fence, partition, kind.ending(task, exc)))
+        ending = kind.ending(task, exc)
+        if ending.outcome != "done":  # a stored call's Celery Retry or Ignore is no failure
+            tracing.run_failed(span, exc)
+        outcome = None
+        try:
+            outcome = _record(Done(kind, task, fence, partition, ending))
+        finally:
+            tracing.run_ended(span, outcome)
         if kind.reraises:
             raise
         # Any BaseException is the body's failure too; returning its outcome keeps the pool process
@@ -162,6 +181,7 @@ def run(kind: Kind, fence: Fence, lease_extra: float = 0.0, previous: Done | Non
         return previous_outcome, outcome, None
     finally:  # also when the worker is stopping: the lease then runs out
         leases.heartbeat.remove(lease)
+    tracing.run_ended(span, "done")
     return previous_outcome, None, Done(kind, task, fence, partition)
 
 
@@ -226,13 +246,13 @@ def _finish_then_start(previous: Done, fence: Fence, lease_extra: float, partiti
         finish(previous)
         raise
     faults.fault("run.after_done")
-    task = TimeoutTask._from_row(row) if row is not None else start(fence.key, fence.attempt, lease_extra,
-                                                                        partition, ahead)
+    task = _started(_noted(row)) if row is not None else _start(fence.key, fence.attempt, lease_extra, partition, ahead)
     return task, _recorded(previous, {} if finished else None)  # a DONE's outcome reads nothing of its row
 
 
 def start(key: dict, attempt: int, lease_extra: float = 0.0, partition: str | None = None, ahead: float = 0.0):
-    """The compare-and-set DISPATCHED -> RUNNING for this attempt, or None if the message is stale.
+    """The compare-and-set DISPATCHED -> RUNNING for this attempt: the RUNNING task, or None if the
+    message is stale, or if its start came too late and ended the task (its lateness policy).
 
     A message may arrive before run_at (the dispatcher publishes a little early, or clocks differ):
     then wait out the difference by the database clock, and compare-and-set again. With `ahead`
@@ -240,13 +260,21 @@ def start(key: dict, attempt: int, lease_extra: float = 0.0, partition: str | No
     by the database clock: its answer came at database_now or later, so after waiting out
     run_at - database_now from then, the database's clock has reached run_at.
     """
+    task = _start(key, attempt, lease_extra, partition, ahead)
+    return task if task is not None and task.status == TimeoutTask.Status.RUNNING else None
+
+
+def _start(key: dict, attempt: int, lease_extra: float, partition: str | None, ahead: float):
+    """start(), except that a task its late start ended is returned too, CANCELLED or DEAD."""
     for _ in range(10):
         row = attempts.start(key, attempt, partition, lease_extra, ahead)
         if row is not None:
+            if _noted(row)["status"] != TimeoutTask.Status.RUNNING:
+                return _started(row)
             early = (row["run_at"] - row["database_now"]).total_seconds()
             if early > 0:
                 time.sleep(early)
-            return TimeoutTask._from_row(row)
+            return _started(row)
         state = attempts.state(key)
         if state is None or state["status"] != TimeoutTask.Status.DISPATCHED or state["attempts"] != attempt - 1:
             return None
@@ -260,8 +288,28 @@ def start(key: dict, attempt: int, lease_extra: float = 0.0, partition: str | No
 def start_ahead(key: dict, attempt: int, partition: str | None, ahead: float):
     """The compare-and-set start of a message received up to `ahead` seconds before run_at, without
     waiting for run_at (durable/starts.py): the row with database_now, or None if it is refused
-    (stale, cancelled, or due later than that)."""
-    return attempts.start(key, attempt, partition, 0.0, ahead)
+    (stale, cancelled, or due later than that), or ended by its lateness policy."""
+    row = attempts.start(key, attempt, partition, 0.0, ahead)
+    if row is None or _noted(row)["status"] != TimeoutTask.Status.RUNNING:
+        return None
+    return row
+
+
+# What the status a start leaves says of the lateness policy that ended it.
+_ON_LATE = {TimeoutTask.Status.CANCELLED: "skip", TimeoutTask.Status.DEAD: "dead"}
+
+
+def _noted(row: dict) -> dict:
+    """A started row, once a start later than its lateness policy allows is counted (and logged,
+    if the policy ended the task rather than run it)."""
+    on_late = _ON_LATE.get(row["status"]) or ("run" if row.get("ran_late") else None)
+    if on_late is not None:
+        lateness = (row["database_now"] - row["run_at"]).total_seconds()
+        events.late(row["biz_type"], on_late, lateness)
+        if on_late != "run":
+            logger.info("timeouts: job %s (%s) %s", row["job_id"], row["biz_type"], row["last_error"])
+    return row
+
 
 
 def start_now(fence: Fence, database_now) -> Fence | None:
@@ -270,7 +318,7 @@ def start_now(fence: Fence, database_now) -> Fence | None:
     (start_ahead), which run() confirms and then runs the body without waiting, as for a start the
     worker's main process recorded. timeouts.testing.run_due runs so what is due by a later time.
     The row records the start at run_at, as any start ahead: never before. None: the start was
-    refused (stale, or cancelled)."""
+    refused (stale, or cancelled), or ended the task (its lateness policy)."""
     if fence.run_at is None or fence.run_at <= database_now:
         return fence
     ahead = (fence.run_at - database_now).total_seconds()  # the start's clock reads database_now or later
@@ -292,7 +340,15 @@ def _confirmed(fence: Fence, partition, shard):
     may be long past: the message may have waited for a pool process."""
     if not confirm_start(fence.key, fence.attempt, partition):
         return None
-    return TimeoutTask._from_row(fence.started["row"], using=shard)
+    return _started(fence.started["row"], using=shard)
+
+
+def _started(row: dict, using=DEFAULT_DB_ALIAS) -> TimeoutTask:
+    """The task of a start's row. The trace context stored with it (tracing.py), a column the model
+    does not declare, goes along for the attempt's span."""
+    task = TimeoutTask._from_row(row, using)
+    task._trace_context = row.get("trace_context")
+    return task
 
 
 # --- Errors -----------------------------------------------------------------------------------------

@@ -40,8 +40,9 @@ HANDLER = Handler()
 
 def run(fence: Fence, lease_extra: float = 0.0) -> str:
     """Run the attempt of `fence` if its message still owns it; returns what happened: done, retry,
-    dead, lost (its lease ran out meanwhile) or dropped (a stale message). `lease_extra`: seconds
-    of lease beyond the TTR (a batch's time limit is longer than one TTR)."""
+    dead, lost (its lease ran out meanwhile), dropped (a stale message), or skipped late or dead late
+    (its lateness policy ended the task instead: nothing ran). `lease_extra`: seconds of lease
+    beyond the TTR (a batch's time limit is longer than one TTR)."""
     _, outcome, done = run_leaving_done(fence, lease_extra)
     return outcome if done is None else finish(done)
 

@@ -182,8 +182,9 @@ def test_the_page_shows_the_limits_in_force_as_timeouts_limits_does(viewer, limi
     timeouts.pause("test.slow")
     rows = rows_by_biz_type(viewer.get(URL))
     for biz_type in ("test.limited", "test.fail", "test.slow", "test.record"):
-        shown = rows[biz_type].limits
-        assert (shown.rate_limit, shown.concurrency, shown.paused) == tuple(vars(timeouts.limits(biz_type)).values())
+        shown, limits = rows[biz_type].limits, timeouts.limits(biz_type)
+        assert (shown.rate_limit, shown.concurrency, shown.paused) == (limits.rate_limit, limits.concurrency,
+                                                                        limits.paused)
     assert rows["test.limited"].shown["rate_limit"] == "5/s" and not rows["test.limited"].limits.overridden
     assert rows["test.fail"].limits.overridden and rows["test.fail"].limits.handler_rate_limit is None
     assert rows["test.slow"].limits.paused and "limits" in rows["test.slow"].sources

@@ -141,7 +141,8 @@ def test_new_partition_indexes_are_attached_to_the_parent_indexes():
         cursor.execute("SELECT count(*) FROM pg_constraint WHERE conname = 'timeouts_task_d20211119_bounds'")
         helper_checks = cursor.fetchone()[0]
     assert parents == ["timeouts_task_action_time", "timeouts_task_biz", "timeouts_task_biz_type", "timeouts_task_due",
-                       "timeouts_task_due_by_type", "timeouts_task_lease", "timeouts_task_pkey", "timeouts_task_status"]
+                       "timeouts_task_due_by_type", "timeouts_task_ended_late", "timeouts_task_lease",
+                       "timeouts_task_pkey", "timeouts_task_status"]
     assert helper_checks == 0
 
 

@@ -192,6 +192,14 @@ def test_a_paused_biz_type_does_not_run_until_resumed(db):
     assert run_due() == 1
 
 
+def test_a_task_its_lateness_policy_skips_is_not_a_run(db):
+    timeouts.set_limits("rundue.note", max_lateness=timedelta(seconds=2), on_late="skip")
+    task = timeouts.schedule("rundue.note", key(), at=timezone.now() - timedelta(minutes=10))
+
+    assert run_due() == 0
+    assert work.RUNS == [] and row(task).status == Status.CANCELLED
+
+
 def test_retries_are_counted_as_runs(db):
     timeouts.schedule("rundue.fail", key(), delay=0)
     timeouts.schedule("rundue.note", key(), delay=0)

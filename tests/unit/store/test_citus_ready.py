@@ -26,7 +26,7 @@ VOLATILE = frozenset({
     "pg_advisory_xact_lock_shared", "pg_try_advisory_lock", "pg_try_advisory_xact_lock",
     "pg_advisory_unlock", "pg_logical_emit_message",
     "timeouts_notify_v1",  # sql/migrations/0001_notify.sql: PL/pgSQL, volatile by default (and it NOTIFYs)
-    "timeouts_debounce_v1",  # sql/migrations/0003_debounce.sql: PL/pgSQL, volatile (it locks, moves and NOTIFYs)
+    "timeouts_debounce_v1",  # sql/migrations/0005_debounce.sql: PL/pgSQL, volatile (it locks, moves and NOTIFYs)
 })
 # The other functions the queries call, STABLE or IMMUTABLE. A query that calls a function in
 # neither list fails test_every_function_a_query_calls_is_classified: add it to the right one
@@ -35,7 +35,7 @@ NOT_VOLATILE = frozenset({
     "count", "min", "max", "sum", "array_agg", "row_number", "percentile_cont", "floor", "unnest",
     "generate_series", "extract", "date_trunc", "format", "hashtext", "regexp_match", "jsonb_build_array",
     "jsonb_build_object", "now", "statement_timestamp", "current_setting", "pg_get_expr", "obj_description",
-    "starts_with",
+    "starts_with", "round", "trim_scale",
     # sql/migrations/0001_limits.sql: IMMUTABLE, but timeouts_bucket_full_at STABLE
     "timeouts_rate_part", "timeouts_concurrency_part", "timeouts_bucket_tokens", "timeouts_bucket_full_at",
 })

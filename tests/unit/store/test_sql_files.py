@@ -36,6 +36,10 @@ MIGRATED = {
     "0001_tasks_reverse.sql": "3365fbd341a44f8052280f87b0a5013ef8c636ed7969312bcd7f531fb917a0a5",
     "0002_last_claims.sql": "beae14cbd3a86f681d1a98b972af26b923311c522ebf577c487c54618d2d639a",
     "0002_last_claims_reverse.sql": "49ce3707ea3448bb7a833c9dece3c3eece1fd686b3244d19ce7a4cb038a67097",
+    "0003_trace_context.sql": "56b9c72cec6e7e62cd7873d9b41277609aa99d0b1a8e15ebedc862d616817714",
+    "0003_trace_context_reverse.sql": "c52e336d28690579e212258883b6d96535cfdc98a39271d5f8f415101539bdd2",
+    "0004_lateness.sql": "6bae4c1e61c684c33ba9f8365a1e63c11a3113fe68dfc1bcefd5b98bbade0b46",
+    "0004_lateness_reverse.sql": "090dcbb0377e2248d095823dd2cf414719cf51c1d10feb46ee275ccb1310866c",
 }
 
 

@@ -9,6 +9,54 @@
 -- (tests/unit/store/test_citus_ready.py keeps the rule).
 
 
+-- part: start_or_end_late
+-- The SET of a start: RUNNING with a lease, or the task ended if its policy says it is too late.
+--
+-- The SET of the worker's compare-and-set (start_task, and a batch's start after a DONE). An
+-- attempt that starts more than its biz_type's max_lateness after its run_at (the time it was due:
+-- action_time for a first attempt, the end of its backoff for a retry) with on_late "skip" or
+-- "dead" does not start: the task ends CANCELLED or DEAD at once, its attempts and started_at as
+-- they were, and last_error says how late it was (timeouts/lateness.py reads its first words).
+-- Decided by the database clock, in the statement that starts, so a cancel that committed first
+-- still wins and one that comes after finds the task ended. The policy in force is read from
+-- timeouts_limits (one probe of its primary key; no row, or no policy: the start goes on as ever).
+-- A task whose last_error says that a late start ended it has been requeued since (nothing else
+-- brings it back): an operator asked for it to run, so that attempt runs however late.
+SET (status, attempts, started_at, lease_until, finished_at, last_error) = (
+        SELECT coalesce(late.status, :RUNNING),
+               timeouts_task.attempts + CASE WHEN late.status IS NULL THEN 1 ELSE 0 END,
+               CASE WHEN late.status IS NULL THEN greatest(timeouts_task.run_at, c.now)
+                    ELSE timeouts_task.started_at END,
+               CASE WHEN late.status IS NULL
+                    THEN greatest(timeouts_task.run_at, c.now) + (timeouts_task.ttr + %(lease_extra)s) * interval '1 second'
+               END,
+               CASE WHEN late.status IS NOT NULL THEN c.now END,
+               coalesce(late.error, timeouts_task.last_error)
+        FROM (SELECT) AS one
+        LEFT JOIN (
+            SELECT CASE l.on_late_in_force WHEN 'skip' THEN :CANCELLED ELSE :DEAD END AS status,
+                   format('not run: started %%s s after its time, over max_lateness %%s s (on_late=%%s)',
+                          round(extract(epoch FROM c.now - timeouts_task.run_at), 1),
+                          trim_scale(extract(epoch FROM l.max_lateness_in_force)), l.on_late_in_force) AS error
+            FROM timeouts_limits AS l
+            WHERE l.biz_type = timeouts_task.biz_type AND l.on_late_in_force IN ('skip', 'dead')
+              AND c.now - timeouts_task.run_at > l.max_lateness_in_force
+              AND NOT starts_with(timeouts_task.last_error, 'not run: started ')
+        ) AS late ON true
+    ),
+    modified_at = c.now
+
+
+-- part: ran_late
+-- A RETURNING column of a start: true when it started later than a policy of on_late "run" allows.
+--
+-- Such a start runs (on_late "run"), and is counted as late (timeouts/lateness.py). NULL otherwise.
+CASE WHEN timeouts_task.status = :RUNNING THEN (
+    SELECT true FROM timeouts_limits AS l
+    WHERE l.biz_type = timeouts_task.biz_type AND l.on_late_in_force = 'run'
+      AND c.now - timeouts_task.run_at > l.max_lateness_in_force) END AS ran_late
+
+
 -- name: start_task
 -- The worker's compare-and-set: starts the attempt of a claimed task (RUNNING, with a lease).
 --
@@ -21,14 +69,16 @@
 -- `ahead` (seconds, 0 but for stored Celery calls) lets the start be recorded up to that much
 -- before run_at, as starting at run_at: the worker then waits out the rest by the database clock
 -- (database_now) before the body starts, and the durable commit is not in its lateness.
+-- A start later than its biz_type's lateness policy allows ends the task instead (the part
+-- start_or_end_late, above).
 UPDATE timeouts_task
-SET status = :RUNNING, attempts = attempts + 1, started_at = greatest(run_at, c.now), modified_at = c.now,
-    lease_until = greatest(run_at, c.now) + (ttr + %(lease_extra)s) * interval '1 second'
+{start_or_end_late}
 FROM (SELECT clock_timestamp() AS now) AS c
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s
   AND (status, attempts) IS NOT DISTINCT FROM (:DISPATCHED, %(attempt)s - 1)
   AND run_at <= c.now + %(ahead)s * interval '1 second'
-RETURNING timeouts_task.*, c.now AS database_now;
+RETURNING timeouts_task.*, c.now AS database_now,
+    {ran_late};
 
 
 -- name: task_state
@@ -63,7 +113,8 @@ RETURNING job_id;
 -- explanation/benchmarks). Nothing runs between a handler's end and the next one's start, so
 -- writing the DONE there changes no outcome; it only becomes durable.
 -- Always one row: `finished` says whether the DONE matched; the start's columns are NULL when the
--- start matched nothing (a stale or early message: running.py goes on as after start_task).
+-- start matched nothing (a stale or early message: running.py goes on as after start_task). The
+-- start is start_task's, lateness policy included.
 -- test_batches checks that it leaves both rows as the two queries do.
 WITH c AS (SELECT clock_timestamp() AS now),
 finished AS (
@@ -76,12 +127,12 @@ RETURNING job_id
 ),
 started AS (
 UPDATE timeouts_task
-SET status = :RUNNING, attempts = attempts + 1, started_at = c.now, modified_at = c.now,
-    lease_until = c.now + (ttr + %(lease_extra)s) * interval '1 second'
+{start_or_end_late}
 FROM c
 WHERE job_id = %(job_id)s AND action_time = %(action_time)s
   AND (status, attempts) IS NOT DISTINCT FROM (:DISPATCHED, %(attempt)s - 1) AND run_at <= c.now
-RETURNING timeouts_task.*
+RETURNING timeouts_task.*, c.now AS database_now,
+    {ran_late}
 )
 SELECT EXISTS (SELECT FROM finished) AS finished, started.*
 FROM (SELECT) AS one LEFT JOIN started ON true;

@@ -236,9 +236,11 @@ claimed AS (
     -- A task of a kind whose claims come with their attribute (timeouts/kinds.py: a stored Celery call,
     -- the call its message is made of) has it here: its biz_type starts with one of
     -- the parameter attribute_prefixes (`^@`: starts with); a handler's task, without.
+    -- biz_id and trace_context (NULL unless scheduled inside a span): for the dispatch's span (tracing.py).
     RETURNING t.job_id, t.action_time, t.run_at, t.biz_type, t.attempts, t.ttr, now() AS claimed_at,
               t.tableoid::regclass::text AS partition,
-              CASE WHEN t.biz_type ^@ ANY (%(attribute_prefixes)s::text[]) THEN t.attribute END AS call
+              CASE WHEN t.biz_type ^@ ANY (%(attribute_prefixes)s::text[]) THEN t.attribute END AS call,
+              t.biz_id, t.trace_context
 ),
 -- The limited biz_types' rows: what their claims used of the bucket, and a new row version, which
 -- tells a claimer whose snapshot is older that its counts are stale.

@@ -21,13 +21,16 @@
 -- pg_notify() itself. Returns what the database decided (the caller knows the rest; the attribute
 -- as jsonb gives it back, which can differ from what was passed: 1e16 comes back an int), in this
 -- order: this is schedule()'s hot path, and every column returned costs (a CTE returning the row
--- costs more still). The job_id carries the task's slot in its low bits (shards.py).
+-- costs more still). The job_id carries the task's slot in its low bits (shards.py). trace_context:
+-- the caller's, with OpenTelemetry and an active span (tracing.py), else NULL.
 INSERT INTO timeouts_task
-    (job_id, biz_type, biz_id, action_time, run_at, attribute, max_attempts, ttr, created_at, modified_at)
+    (job_id, biz_type, biz_id, action_time, run_at, attribute, max_attempts, ttr, created_at, modified_at,
+     trace_context)
 VALUES (nextval('timeouts_task_job_id_seq') * 1024 + %(slot)s, %(biz_type)s, %(biz_id)s,
         coalesce(%(at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
         coalesce(%(at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
-        %(attribute)s::jsonb, %(max_attempts)s, %(ttr)s, statement_timestamp(), statement_timestamp())
+        %(attribute)s::jsonb, %(max_attempts)s, %(ttr)s, statement_timestamp(), statement_timestamp(),
+        %(trace_context)s::text)
 RETURNING job_id, action_time, attribute, created_at,
     CASE WHEN run_at <= created_at + %(horizon)s * interval '1 second'
          THEN timeouts_notify_v1(%(channel)s, run_at, created_at + %(horizon)s * interval '1 second')
@@ -61,7 +64,7 @@ FROM (SELECT hashtext(%(biz_type)s::text || ':' || %(biz_id)s::text) AS hash) AS
 -- Moves the key's PENDING task to a new time and attribute, under the key's lock, or says when a new one is due.
 --
 -- schedule(..., on_conflict="debounce") in one round trip (timeouts_debounce_v1, in
--- sql/migrations/0003_debounce.sql, which says why it is race-free): the moved task's row, or NULLs
+-- sql/migrations/0005_debounce.sql, which says why it is race-free): the moved task's row, or NULLs
 -- and `due`, the time of the task the caller then inserts under the same lock. Prepared (on
 -- schedule()'s path): the casts give its parameters their types.
 SELECT (d.task).*, d.due
