@@ -102,16 +102,34 @@ def test_without_max_wait_there_is_no_cap_and_a_huge_max_wait_is_none_either():
     assert huge.action_time - huge.modified_at >= timedelta(days=500)
 
 
-def test_a_cap_already_passed_makes_the_task_due_at_once():
-    """First scheduled two hours ago (without a cap), debounced now with max_wait=1 h: its time is
-    the cap, in the past, so it is due at once; its lateness counts from the cap."""
-    first = debounce(delay=timedelta(hours=3))
+def age(task, **fields):
+    """Move the task's times back, as if it had been scheduled that much earlier."""
+    assignments = ", ".join(f"{name} = {name} - %({name})s" for name in fields)
     with connection.cursor() as cursor:
-        cursor.execute("UPDATE timeouts_task SET created_at = created_at - interval '2 hours' WHERE job_id = %s",
-                       [first.job_id])
+        cursor.execute(f"UPDATE timeouts_task SET {assignments} WHERE job_id = %(job_id)s",
+                       {**fields, "job_id": task.job_id})
+    return reload(task)
+
+
+def test_an_overdue_task_moves_no_later_than_its_cap():
+    """Scheduled two hours ago, due then, still waiting (its dispatcher is behind): a debounce with
+    max_wait=1 h leaves it due at its cap, an hour ago, and due at once."""
+    first = debounce(delay=timedelta(seconds=30), max_wait=timedelta(hours=1))
+    two_hours = timedelta(hours=2)
+    first = age(first, created_at=two_hours, action_time=two_hours, run_at=two_hours)
     moved = debounce(max_wait=timedelta(hours=1))
     assert moved.job_id == first.job_id
-    assert moved.action_time == first.created_at - timedelta(hours=1)
+    assert moved.action_time == first.created_at + timedelta(hours=1)
+    assert TimeoutTask.objects.due().filter(job_id=first.job_id).exists()
+
+
+def test_a_cap_that_passed_long_ago_makes_the_task_due_now_not_then():
+    """First scheduled two hours ago without a cap, due in an hour; debounced now with max_wait=1 h:
+    its cap passed an hour ago, so it is due now (its lateness counts from now)."""
+    first = age(debounce(delay=timedelta(hours=3)), created_at=timedelta(hours=2))
+    moved = debounce(max_wait=timedelta(hours=1))
+    assert moved.job_id == first.job_id
+    assert moved.action_time == moved.modified_at  # the call's reading of the clock
     assert TimeoutTask.objects.due().filter(job_id=first.job_id).exists()
 
 

@@ -341,20 +341,21 @@ def _settle(placed, waiting: dict[tuple[str, str], list[dict]]):
     return list(inserted.values()), replaced, moved
 
 
-def due_time(new: NewTask, now: datetime, first_scheduled: datetime) -> datetime:
+def due_time(new: NewTask, now: datetime, first_scheduled: datetime, was_due: datetime) -> datetime:
     """When `new` is due: its `at`, or `now` plus its delay; with max_wait, never later than
     `first_scheduled` plus max_wait (compared as timedeltas: a max_wait too large to add to a
-    datetime is never added to one). What timeouts_debounce_v1 computes, for bulk_schedule()."""
+    datetime is never added to one), and the cap alone never earlier than `was_due` (the moved
+    task's action_time, or now) and `now`. What timeouts_debounce_v1 computes, for bulk_schedule()."""
     at = new.at if new.delay is None else now + new.delay
-    if new.max_wait is not None and at - first_scheduled > new.max_wait:
-        return first_scheduled + new.max_wait
-    return at
+    if new.max_wait is None or at - first_scheduled <= new.max_wait:
+        return at
+    return min(at, max(first_scheduled + new.max_wait, min(was_due, now)))
 
 
 def _move(moved: dict[int, tuple[dict, NewTask]], now, connection) -> list:
     """Move the debounced tasks, locked above (FOR UPDATE), to their new times and attributes; returns
     the new deadlines of those that moved earlier, for the batch's NOTIFY."""
-    rows = [(row, new, due_time(new, now, row["created_at"])) for row, new in moved.values()]
+    rows = [(row, new, due_time(new, now, row["created_at"], row["action_time"])) for row, new in moved.values()]
     execute("move_waiting_tasks", {"job_ids": [row["job_id"] for row, _, _ in rows],
                                    "action_times": [row["action_time"] for row, _, _ in rows],
                                    "dues": [due for _, _, due in rows],
@@ -371,7 +372,7 @@ def _copy(rows, now, connection):
     statement = f"COPY timeouts_task ({', '.join(('job_id', *COPY_COLUMNS))}) FROM STDIN"
     with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
         for (new, _), job_id in zip(rows, job_ids, strict=True):
-            at = due_time(new, now, now)
+            at = due_time(new, now, now, now)
             copy.write_row((job_id, new.biz_type, new.biz_id, at, at, new.attribute, new.max_attempts, new.ttr,
                             trace_context))
             earliest = at if earliest is None else min(earliest, at)

@@ -17,12 +17,12 @@
 -- due later. A task already claimed is never moved: its message may be on its way to a worker.
 --
 -- Returns one row: `task`, the task as moved, or NULL when the key has no PENDING task, for the
--- caller to insert one (through insert_task, in the same transaction, under the lock this took)
--- at `due`, the time this call gives it: `at`, or the clock plus `delay`, but never later than the
--- first scheduling plus `max_wait` (NULL: no cap), where the first scheduling is the creation of
--- the PENDING task that is moved, or now for a task to create. A cap already passed leaves the task
--- due at once, never earlier than it: the claim and the worker compare run_at with the clock. Only a
--- task moved earlier than it was due wakes the dispatchers (timeouts_notify_v1, within the
+-- caller to insert one (through insert_task, in the same transaction, under the lock this took);
+-- and `due`, the time this call gives the task: `at`, or the clock plus `delay`, but never later
+-- than the first scheduling plus `max_wait` (NULL: no cap), where the first scheduling is the
+-- creation of the PENDING task that is moved, or now for a task to create. A time in the past
+-- makes the task due at once, never early: the claim and the worker compare run_at with the clock.
+-- Only a task moved earlier than it was due wakes the dispatchers (timeouts_notify_v1, within the
 -- horizon): a later deadline they learn when they next read the nearest one.
 CREATE FUNCTION timeouts_debounce_v1(
     lock_namespace integer, bucket_namespace integer, bucket_mask integer, key_type text, key_id text,
@@ -35,6 +35,7 @@ DECLARE
     clock timestamptz;
     wanted timestamptz;
     first_scheduled timestamptz;
+    was_due timestamptz;
     waiting record;
     moving boolean;
 BEGIN
@@ -53,14 +54,19 @@ BEGIN
     moving := FOUND;
     IF moving THEN
         first_scheduled := waiting.created_at;
+        was_due := waiting.action_time;
     ELSE
         first_scheduled := clock;
+        was_due := clock;
     END IF;
     -- Compared as intervals: a max_wait too large to add to a time is never added to one.
     IF max_wait IS NULL OR wanted - first_scheduled <= max_wait THEN
         due := wanted;
     ELSE
-        due := first_scheduled + max_wait;
+        -- The cap; unless it passed before both the time the task was due and now (the task was
+        -- first scheduled without a max_wait, or with a larger one): then the earlier of those,
+        -- not a time long past, from which its lateness would count.
+        due := least(wanted, greatest(first_scheduled + max_wait, least(was_due, clock)));
     END IF;
     IF NOT moving THEN  -- the caller creates the task
         task := NULL;
