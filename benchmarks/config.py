@@ -12,9 +12,12 @@ ISOLATION_SCENARIOS = ("isolation_neighbour", "isolation_rate", "isolation_cost"
 # Shards: throughput and CPU cost over 1-4 shards, an outage, idle cost, one shard's overhead, a rate limit across
 # shards (benchmarks/shards.py).
 SHARDS_SCENARIOS = ("shards_drain", "shards_outage", "shards_idle", "shards_overhead", "shards_rate")
+# on_conflict="debounce" against "replace", from several writer processes (benchmarks/debounce.py).
+DEBOUNCE_SCENARIOS = ("debounce",)
 # The lateness policy after an outage (benchmarks/late_recovery.py); tracing on against off (tracing_cost.py).
 LATENESS_SCENARIOS, TRACING_SCENARIOS = ("late_recovery",), ("tracing",)
-KNOWN_SCENARIOS = SCENARIOS + DURABLE_SCENARIOS + TASKS_SCENARIOS + ISOLATION_SCENARIOS + SHARDS_SCENARIOS
+KNOWN_SCENARIOS = (SCENARIOS + DURABLE_SCENARIOS + TASKS_SCENARIOS + ISOLATION_SCENARIOS + SHARDS_SCENARIOS
+                   + DEBOUNCE_SCENARIOS)
 KNOWN_SCENARIOS += LATENESS_SCENARIOS + TRACING_SCENARIOS
 PATHS = ("scan", "dispatcher", "celery")  # celery = the same no-op body published directly
 PATH_LABELS = {"scan": "scan only", "dispatcher": "dispatcher", "celery": "celery direct"}
@@ -29,7 +32,8 @@ SCENARIO_PATHS = {
     "idle": ("scan", "dispatcher"),
     "defaults": (),  # the dispatcher, under two settings modules: its variants are its paths
     # Their variants are their paths.
-    **{name: () for name in DURABLE_SCENARIOS + TASKS_SCENARIOS + ISOLATION_SCENARIOS + SHARDS_SCENARIOS},
+    **{name: () for name in DURABLE_SCENARIOS + TASKS_SCENARIOS + ISOLATION_SCENARIOS + SHARDS_SCENARIOS
+       + DEBOUNCE_SCENARIOS},
     **{name: () for name in LATENESS_SCENARIOS + TRACING_SCENARIOS},
 }
 
@@ -63,6 +67,12 @@ class BenchConfig:
     n_claim: int = 20000  # isolation_cost: the backlog each claim_due claims
     n_shards_drain: int = 20000  # shards_drain: tasks due at once, over all the shards
     n_shards_outage: int = 2000  # shards_outage: tasks due over the window, over all three shards
+    n_debounce: int = 10000  # debounce: keys, each scheduled debounce_calls times
+    debounce_calls: int = 10  # debounce: calls per key
+    debounce_writers: int = 4  # debounce: writer processes making the calls together
+    debounce_block: int = 250  # debounce: keys whose calls a writer makes together, round by round
+    debounce_delay: float = 5.0  # debounce: seconds, each call's delay
+    debounce_max_wait: float = 6.0  # debounce: seconds, on_conflict="debounce"'s max_wait
     n_late: int = 10000  # late_recovery: tasks due during the outage, half of them skipped when late
     outage: float = 60.0  # late_recovery: seconds without a worker
     late_stream: float = 120.0  # late_recovery: seconds of on-time tasks due from the restart
@@ -105,14 +115,15 @@ class BenchConfig:
         for name in ("repeat", "n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "bulk_chunk", "concurrency",
                      "n_durable_spread", "n_durable_memory", "n_durable_restart", "n_durable_cost", "n_durable_cpu",
                      "n_tasks_spread", "n_tasks_drain", "n_tasks_enqueue", "n_backlog", "n_isolation_spread",
-                     "n_rate", "n_claim", "n_shards_drain", "n_shards_outage", "n_late"):
+                     "n_rate", "n_claim", "n_shards_drain", "n_shards_outage", "n_debounce", "debounce_calls",
+                     "debounce_writers", "debounce_block", "n_late"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
         for name in ("n_idle", "cpu_rate", "cpu_idle_seconds", "late_work_ms"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
-        for name in ("window", "lead", "idle_seconds", "scan_interval", "restart_from", "restart_down", "outage",
-                     "late_stream"):
+        for name in ("window", "lead", "idle_seconds", "scan_interval", "restart_from", "restart_down",
+                     "debounce_delay", "debounce_max_wait", "outage", "late_stream"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0")
         if not self.restart_from <= self.restart_kill_at <= self.restart_to or self.restart_from == self.restart_to:

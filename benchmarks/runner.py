@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import (
+    debounce,
     defaults,
     durable,
     idle,
@@ -134,7 +135,7 @@ def _scenario(ctx, scenario, rep, notes) -> list[dict]:
     """Every path of one scenario in one repeat. A failed run is recorded and the bench goes on."""
     cfg, out = ctx.cfg, []
     if scenario in ("schedule", "defaults", *durable.SCENARIOS, *tasks_backend.SCENARIOS, *isolation.SCENARIOS,
-                    *shards.SCENARIOS, *late_recovery.SCENARIOS, *tracing_cost.SCENARIOS):
+                    *shards.SCENARIOS, *debounce.SCENARIOS, *late_recovery.SCENARIOS, *tracing_cost.SCENARIOS):
         note(f"repeat {rep + 1}/{cfg.repeat}: {scenario}")
         try:
             before = machine.cpu_times()
@@ -146,6 +147,8 @@ def _scenario(ctx, scenario, rep, notes) -> list[dict]:
                 variants = isolation.run(ctx, scenario, rep)
             elif scenario in shards.SCENARIOS:
                 variants = shards.run(ctx, scenario, rep)
+            elif scenario in debounce.SCENARIOS:
+                variants = debounce.run(ctx, scenario, rep)
             elif scenario in late_recovery.SCENARIOS:
                 variants = late_recovery.run(ctx, scenario, rep)
             elif scenario in tracing_cost.SCENARIOS:
@@ -200,6 +203,7 @@ def _finish(result, runs, peer_runs, cfg):
     ratios.update(tasks_backend.ratios(runs, peer_runs))
     ratios.update(isolation.ratios(runs))
     ratios.update(shards.ratios(runs))
+    ratios.update(debounce.ratios(runs))
     ratios.update(late_recovery.ratios(runs))
     ratios.update(tracing_cost.ratios(runs))
     schedule = targets.schedule_ratios(runs)
