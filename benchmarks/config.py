@@ -12,7 +12,10 @@ ISOLATION_SCENARIOS = ("isolation_neighbour", "isolation_rate", "isolation_cost"
 # Shards: throughput and CPU cost over 1-4 shards, an outage, idle cost, one shard's overhead, a rate limit across
 # shards (benchmarks/shards.py).
 SHARDS_SCENARIOS = ("shards_drain", "shards_outage", "shards_idle", "shards_overhead", "shards_rate")
-KNOWN_SCENARIOS = SCENARIOS + DURABLE_SCENARIOS + TASKS_SCENARIOS + ISOLATION_SCENARIOS + SHARDS_SCENARIOS
+# on_conflict="debounce" against "replace", from several writer processes (benchmarks/debounce.py).
+DEBOUNCE_SCENARIOS = ("debounce",)
+KNOWN_SCENARIOS = (SCENARIOS + DURABLE_SCENARIOS + TASKS_SCENARIOS + ISOLATION_SCENARIOS + SHARDS_SCENARIOS
+                   + DEBOUNCE_SCENARIOS)
 PATHS = ("scan", "dispatcher", "celery")  # celery = the same no-op body published directly
 PATH_LABELS = {"scan": "scan only", "dispatcher": "dispatcher", "celery": "celery direct"}
 PEER_SYSTEMS = ("naive_ln", "naive_poll", "procrastinate", "celery", "django_tasks")
@@ -26,7 +29,8 @@ SCENARIO_PATHS = {
     "idle": ("scan", "dispatcher"),
     "defaults": (),  # the dispatcher, under two settings modules: its variants are its paths
     # Their variants are their paths.
-    **{name: () for name in DURABLE_SCENARIOS + TASKS_SCENARIOS + ISOLATION_SCENARIOS + SHARDS_SCENARIOS},
+    **{name: () for name in DURABLE_SCENARIOS + TASKS_SCENARIOS + ISOLATION_SCENARIOS + SHARDS_SCENARIOS
+       + DEBOUNCE_SCENARIOS},
 }
 
 
@@ -59,6 +63,12 @@ class BenchConfig:
     n_claim: int = 20000  # isolation_cost: the backlog each claim_due claims
     n_shards_drain: int = 20000  # shards_drain: tasks due at once, over all the shards
     n_shards_outage: int = 2000  # shards_outage: tasks due over the window, over all three shards
+    n_debounce: int = 10000  # debounce: keys, each scheduled debounce_calls times
+    debounce_calls: int = 10  # debounce: calls per key
+    debounce_writers: int = 4  # debounce: writer processes making the calls together
+    debounce_block: int = 250  # debounce: keys whose calls a writer makes together, round by round
+    debounce_delay: float = 5.0  # debounce: seconds, each call's delay
+    debounce_max_wait: float = 6.0  # debounce: seconds, on_conflict="debounce"'s max_wait
     repo: str = ""  # isolation_cost: the git repository with the previous claim_due (default: the project)
     claim_sql_commit: str = ""  # isolation_cost: the commit whose claim_due is "previous" (default: found)
     shards_base_commit: str = ""  # shards_overhead: the code before shards (default: found)
@@ -97,13 +107,15 @@ class BenchConfig:
         for name in ("repeat", "n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "bulk_chunk", "concurrency",
                      "n_durable_spread", "n_durable_memory", "n_durable_restart", "n_durable_cost", "n_durable_cpu",
                      "n_tasks_spread", "n_tasks_drain", "n_tasks_enqueue", "n_backlog", "n_isolation_spread",
-                     "n_rate", "n_claim", "n_shards_drain", "n_shards_outage"):
+                     "n_rate", "n_claim", "n_shards_drain", "n_shards_outage", "n_debounce", "debounce_calls",
+                     "debounce_writers", "debounce_block"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
         for name in ("n_idle", "cpu_rate", "cpu_idle_seconds"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
-        for name in ("window", "lead", "idle_seconds", "scan_interval", "restart_from", "restart_down"):
+        for name in ("window", "lead", "idle_seconds", "scan_interval", "restart_from", "restart_down",
+                     "debounce_delay", "debounce_max_wait"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0")
         if not self.restart_from <= self.restart_kill_at <= self.restart_to or self.restart_from == self.restart_to:

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from . import shards
+from . import debounce, shards
 from .config import PATH_LABELS
 from .durable import LABELS
 from .isolation import LABELS as ISOLATION_LABELS
@@ -12,7 +12,7 @@ from .stats import summarize
 from .tasks_backend import LABELS as TASKS_LABELS
 
 # the variants of the scenarios that compare two ways (or more)
-DURABLE_LABELS = {**LABELS, **TASKS_LABELS, **ISOLATION_LABELS, **shards.LABELS}
+DURABLE_LABELS = {**LABELS, **TASKS_LABELS, **ISOLATION_LABELS, **shards.LABELS, **debounce.LABELS}
 
 TIMED_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "early",
                  "sched_per_s", "sched_overrun", "claim_per_s", "start_per_s", "drain_total_s", "cpu_steal_pct")
@@ -43,6 +43,7 @@ DURABLE_METRICS = {
                        "cpu_steal_pct"),
     "isolation_cost": ("claim_per_s", "cpu_steal_pct"),
     **shards.METRICS,
+    "debounce": debounce.METRICS,
 }
 DURABLE_HEADERS = {
     "durable_spread": ["p50 ms", "p90 ms", "p99 ms", "max ms", "missing", "dup", "early", "calls/s", "steal %"],
@@ -62,6 +63,7 @@ DURABLE_HEADERS = {
     "isolation_rate": ["starts over s", "most in 1 s", "p50 ms", "max ms", "missing", "dup", "early", "steal %"],
     "isolation_cost": ["claimed/s", "steal %"],
     **shards.HEADERS,
+    "debounce": debounce.HEADERS,
 }
 DURABLE_TITLES = {
     "durable_spread": "{n_durable_spread:,} calls due over {window:.0f} s, one worker (lateness in ms)",
@@ -80,6 +82,7 @@ DURABLE_TITLES = {
     "isolation_rate": "{n_rate:,} tasks due at one instant, rate_limit=200",
     "isolation_cost": "claim_due alone over {n_claim:,} due tasks of one biz_type, no limits (median of rounds)",
     **shards.TITLES,
+    "debounce": debounce.TITLE,
 }
 # More tables of one scenario's runs, after its own: (scenario, title, headers, metrics).
 MORE_TABLES = (

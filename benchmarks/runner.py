@@ -11,7 +11,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import defaults, durable, idle, isolation, machine, report, scenarios, shards, targets, tasks_backend, throughput
+from . import (
+    debounce,
+    defaults,
+    durable,
+    idle,
+    isolation,
+    machine,
+    report,
+    scenarios,
+    shards,
+    targets,
+    tasks_backend,
+    throughput,
+)
 from .database import BenchDatabase, BenchError
 from .peers import Peers
 from .processes import child_env, dispatcher_available, flush_broker
@@ -120,7 +133,7 @@ def _scenario(ctx, scenario, rep, notes) -> list[dict]:
     """Every path of one scenario in one repeat. A failed run is recorded and the bench goes on."""
     cfg, out = ctx.cfg, []
     if scenario in ("schedule", "defaults", *durable.SCENARIOS, *tasks_backend.SCENARIOS, *isolation.SCENARIOS,
-                    *shards.SCENARIOS):
+                    *shards.SCENARIOS, *debounce.SCENARIOS):
         note(f"repeat {rep + 1}/{cfg.repeat}: {scenario}")
         try:
             before = machine.cpu_times()
@@ -132,6 +145,8 @@ def _scenario(ctx, scenario, rep, notes) -> list[dict]:
                 variants = isolation.run(ctx, scenario, rep)
             elif scenario in shards.SCENARIOS:
                 variants = shards.run(ctx, scenario, rep)
+            elif scenario in debounce.SCENARIOS:
+                variants = debounce.run(ctx, scenario, rep)
             else:
                 variants = (throughput if scenario == "schedule" else defaults).run(ctx, rep)
             steal = machine.steal_pct(before, machine.cpu_times())
@@ -182,6 +197,7 @@ def _finish(result, runs, peer_runs, cfg):
     ratios.update(tasks_backend.ratios(runs, peer_runs))
     ratios.update(isolation.ratios(runs))
     ratios.update(shards.ratios(runs))
+    ratios.update(debounce.ratios(runs))
     schedule = targets.schedule_ratios(runs)
     if schedule:
         ratios.setdefault("schedule", {}).update(schedule)

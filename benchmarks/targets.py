@@ -5,6 +5,7 @@ and then summarised by their median [min-max]. Targets are checked on medians, e
 correctness targets (missing, duplicates, early), which must hold in every run.
 """
 
+from .debounce import targets as debounce_targets
 from .durable import targets as durable_targets
 from .isolation import targets as isolation_targets
 from .pairs import by_rep, paired
@@ -111,6 +112,7 @@ def targets(summary, ratio_table, scan_interval, scenarios) -> list[dict]:
         rows.append(("schedule", f"{label} >= 2,000 tasks/s", value and value["median"], lambda v: v >= 2000))
     rows += durable_targets(summary, ratio_table) + tasks_targets(summary, ratio_table)
     rows += isolation_targets(summary, ratio_table) + shards_targets(summary, ratio_table)
+    rows += debounce_targets(summary, ratio_table)
     return [{"scenario": scenario, "target": name, "measured": value,
              "ok": None if value is None else bool(check(value))}
             for scenario, name, value, check in rows if scenario in scenarios]

@@ -45,27 +45,32 @@ def __dir__() -> list[str]:
 
 def schedule(biz_type: str, biz_id: str | int | UUID, *, at: datetime | None = None,
              delay: timedelta | float | None = None, attribute: Mapping[str, Any] | None = None,
-             on_conflict: str | None = DEFAULT_ON_CONFLICT, using: str | None = None) -> "TimeoutTask":
+             on_conflict: str | None = DEFAULT_ON_CONFLICT, max_wait: timedelta | None = None,
+             using: str | None = None) -> "TimeoutTask":
     """Have the handler of `biz_type` run for `biz_id` at `at` (an aware datetime) or after `delay`
     (a timedelta or seconds, added to the database clock); returns the new task.
 
     `attribute`: a JSON object, handed to the handler as `task.attribute`. `on_conflict`, for a key
     that has a task waiting to run (PENDING or DISPATCHED): "error" raises TaskConflict, "keep"
     returns that task, "replace" cancels it and creates this one, None creates this one beside it.
-    `using`: the database (shard) of the task; by default the one of its key. Inside
-    `transaction.atomic()` the task is part of that transaction. Bad input raises a TimeoutsError
-    and stores nothing."""
+    "debounce" moves the key's PENDING task to the new time, with this attribute, and returns it
+    (else creates this one), never to later than `max_wait` (a timedelta; None: no limit) after
+    that task was first scheduled. `using`: the database (shard) of the task; by default the one of
+    its key. Inside `transaction.atomic()` the task is part of that transaction. Bad input raises a
+    TimeoutsError and stores nothing."""
     from timeouts.models import TimeoutTask
 
     manager = TimeoutTask.objects if using is None else TimeoutTask.objects.db_manager(using)
-    return manager.schedule(biz_type, biz_id, at=at, delay=delay, attribute=attribute, on_conflict=on_conflict)
+    return manager.schedule(biz_type, biz_id, at=at, delay=delay, attribute=attribute, on_conflict=on_conflict,
+                            max_wait=max_wait)
 
 
 def bulk_schedule(items: Iterable[Mapping[str, Any]], *, using: str | None = None) -> int:
     """Schedule many tasks, all or none, from dicts of schedule()'s keyword arguments (`biz_type`
-    and `biz_id` included); returns how many tasks it created. Every item is checked before
-    anything is written: an error names the item's index. Items of one key meet each other as
-    schedule() calls one after the other would. `using`: one database (shard) for all."""
+    and `biz_id` included); returns how many tasks it created (a debounced item that moved a waiting
+    task created none). Every item is checked before anything is written: an error names the item's
+    index. Items of one key meet each other as schedule() calls one after the other would. `using`:
+    one database (shard) for all."""
     from timeouts.models import TimeoutTask
 
     manager = TimeoutTask.objects if using is None else TimeoutTask.objects.db_manager(using)
@@ -107,10 +112,12 @@ def requeue(biz_type: str, biz_id: str | int | UUID, *, using: str | None = None
 
 async def aschedule(biz_type: str, biz_id: str | int | UUID, *, at: datetime | None = None,
                     delay: timedelta | float | None = None, attribute: Mapping[str, Any] | None = None,
-                    on_conflict: str | None = DEFAULT_ON_CONFLICT, using: str | None = None) -> "TimeoutTask":
+                    on_conflict: str | None = DEFAULT_ON_CONFLICT, max_wait: timedelta | None = None,
+                    using: str | None = None) -> "TimeoutTask":
     """`schedule()`, awaitable."""
     return await sync_to_async(schedule, thread_sensitive=True)(
-        biz_type, biz_id, at=at, delay=delay, attribute=attribute, on_conflict=on_conflict, using=using)
+        biz_type, biz_id, at=at, delay=delay, attribute=attribute, on_conflict=on_conflict, max_wait=max_wait,
+        using=using)
 
 
 async def abulk_schedule(items: Iterable[Mapping[str, Any]], *, using: str | None = None) -> int:

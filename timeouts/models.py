@@ -47,10 +47,10 @@ class TimeoutTaskManager(_TimeoutTaskManagerBase):
     # was given a database (`TimeoutTask.objects.db_manager(alias)`).
     def schedule(self, biz_type: str, biz_id: str | int | UUID, *, at: datetime | None = None,
                  delay: timedelta | float | None = None, attribute: Mapping[str, Any] | None = None,
-                 on_conflict: str | None = DEFAULT_ON_CONFLICT) -> "TimeoutTask":
+                 on_conflict: str | None = DEFAULT_ON_CONFLICT, max_wait: timedelta | None = None) -> "TimeoutTask":
         """`timeouts.schedule()` on this manager's database, if it was given one."""
         return scheduling.schedule(self.model, biz_type, biz_id, at=at, delay=delay, attribute=attribute,
-                                   on_conflict=on_conflict, using=self._db)
+                                   on_conflict=on_conflict, max_wait=max_wait, using=self._db)
 
     def bulk_schedule(self, items: Iterable[Mapping[str, Any]]) -> int:
         """`timeouts.bulk_schedule()` on this manager's database, if it was given one."""

@@ -21,7 +21,7 @@ MAX_ATTRIBUTE_DEPTH = 64
 # A delay is added to the database clock, and the row must still be readable as a Python datetime
 # (years 1 to 9999). The margin covers any skew between the application's and the database's clocks.
 DELAY_CLOCK_MARGIN = timedelta(days=1)
-ON_CONFLICT = (None, "error", "replace", "keep")
+ON_CONFLICT = (None, "error", "replace", "keep", "debounce")
 # What schedule() does when the key already has a waiting task, unless told otherwise: refuse, so
 # that a second call for one business object is never a silent second timeout.
 DEFAULT_ON_CONFLICT = "error"
@@ -166,7 +166,22 @@ def _check_json(value, path, depth):
 
 def on_conflict(value):
     if value not in ON_CONFLICT:
-        raise InvalidOption(f'on_conflict must be None, "error", "replace" or "keep", got {describe(value)}')
+        raise InvalidOption(
+            f'on_conflict must be None, "error", "replace", "keep" or "debounce", got {describe(value)}')
+    return value
+
+
+def max_wait(value, on_conflict_value):
+    """How long after a key's first scheduling its debounced task may wait at most: None (no cap) or
+    a timedelta of zero or more, and only with on_conflict="debounce", the one mode that moves a task."""
+    if value is None:
+        return None
+    if on_conflict_value != "debounce":
+        raise InvalidOption(f'max_wait is for on_conflict="debounce", not on_conflict={describe(on_conflict_value)}')
+    if not isinstance(value, timedelta):
+        raise InvalidOption(f"max_wait must be a timedelta or None, got {describe(value)}")
+    if value < timedelta(0):
+        raise InvalidOption(f"max_wait must not be negative, got {value!r}")
     return value
 
 

@@ -1,7 +1,7 @@
 """The task state machine, driven by Hypothesis through every public move and every worker step, against
 a pure Python model of statuses and attempts (the model is the spec: the documented states and moves).
 
-Moves: schedule (with on_conflict), cancel (a fresh or a stale instance, and by key), reschedule (to the
+Moves: schedule (with on_conflict, "debounce" too), cancel (a fresh or a stale instance, and by key), reschedule (to the
 past, now, an hour, days and years ahead: across partitions and into DEFAULT), requeue, claim_due (with a
 lead), the worker's compare-and-set and its finish/fail (attempt.start, the finish_task/fail_task SQL),
 a whole running.run of a message (also stale and duplicate ones), and lease expiry + recover_expired().
@@ -160,6 +160,26 @@ class TaskMachine(RuleBasedStateMachine):
         self.model[created.job_id] = Task(created.job_id, key, MAX_ATTEMPTS[biz_type], created.action_time,
                                           created.action_time, due)
         return created.job_id
+
+    @precondition(lambda machine: len(machine.model) < 6)
+    @rule(target=tasks, biz_type=st.sampled_from(sorted(MAX_ATTEMPTS)), biz_id=st.sampled_from([1, 2]),
+          when=st.sampled_from(sorted(WHEN)))
+    def debounce(self, biz_type, biz_id, when):
+        """on_conflict="debounce": the key's first PENDING task moves (a retry's too), else a new one."""
+        key = (biz_type, str(biz_id))
+        pending = sorted(self.of_key(key, (PENDING,)), key=lambda t: t.job_id)  # job ids grow as tasks are created
+        arguments, due = WHEN[when]
+        task = TimeoutTask.objects.schedule(biz_type, biz_id, on_conflict="debounce", **arguments(self.t0))
+        if pending:
+            assert task.job_id == pending[0].job_id
+            pending[0].action_time, pending[0].due = task.action_time, due
+            SEEN["debounce: moved"] += 1
+            return multiple()
+        assert task.job_id not in self.model
+        self.model[task.job_id] = Task(task.job_id, key, MAX_ATTEMPTS[biz_type], task.action_time, task.action_time,
+                                       due)
+        SEEN["debounce: created"] += 1
+        return task.job_id
 
     @rule(job_id=tasks, stale=st.booleans())
     def cancel(self, job_id, stale):
@@ -385,5 +405,6 @@ def test_task_state_machine_against_the_model(starts):
     # Passing proves little unless the runs went through the states that matter.
     for any_of in (("start",), ("start: stale message dropped", "run: dropped"), ("finish", "run: done"),
                    ("failed -> PENDING", "failed -> DEAD"), ("lease expired: RUNNING", "lease expired: DISPATCHED"),
-                   ("cancel PENDING", "cancel stale PENDING"), ("schedule: conflict", "schedule: kept")):
+                   ("cancel PENDING", "cancel stale PENDING"), ("schedule: conflict", "schedule: kept"),
+                   ("debounce: moved",)):
         assert any(SEEN[outcome] for outcome in any_of), (any_of, sorted(SEEN.items()))

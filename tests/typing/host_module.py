@@ -44,6 +44,8 @@ def schedule_and_change(order_id: int, key: UUID) -> None:
     assert_type(timeouts.schedule("order.close", key, delay=timedelta(seconds=30), attribute={"reason": "unpaid"},
                                   on_conflict="replace", using="default"), TimeoutTask)
     assert_type(timeouts.schedule("order.close", "o-1", delay=90.5, on_conflict=None), TimeoutTask)
+    assert_type(timeouts.schedule("order.close", order_id, delay=timedelta(seconds=30), on_conflict="debounce",
+                                  max_wait=timedelta(minutes=5)), TimeoutTask)
     assert_type(timeouts.bulk_schedule([{"biz_type": "order.close", "biz_id": i, "delay": 60} for i in range(3)]),
                 int)
     assert_type(timeouts.bulk_schedule((), using="default"), int)
@@ -58,6 +60,8 @@ def schedule_and_change(order_id: int, key: UUID) -> None:
 async def schedule_and_change_async(order_id: int) -> None:
     task = await timeouts.aschedule("order.close", order_id, delay=timedelta(minutes=30), attribute={"n": 1})
     assert_type(task, TimeoutTask)
+    assert_type(await timeouts.aschedule("order.close", order_id, delay=timedelta(seconds=30), on_conflict="debounce",
+                                         max_wait=None), TimeoutTask)
     assert_type(await timeouts.abulk_schedule([{"biz_type": "order.close", "biz_id": 1, "delay": 5}]), int)
     assert_type(await timeouts.acancel("order.close", order_id), bool)
     assert_type(await timeouts.areschedule("order.close", order_id, delay=60), bool)
@@ -68,6 +72,7 @@ def the_model(task: TimeoutTask) -> None:
     manager = TimeoutTask.objects
     assert_type(manager, TimeoutTaskManager)
     assert_type(manager.schedule("order.close", 1, delay=5), TimeoutTask)
+    assert_type(manager.schedule("order.close", 1, delay=5, on_conflict="debounce", max_wait=timedelta(0)), TimeoutTask)
     assert_type(manager.db_manager("default"), TimeoutTaskManager)
     assert_type(manager.db_manager("default").bulk_schedule([{"biz_type": "order.close", "biz_id": 2}]), int)
     assert_type(manager.cancel("order.close", 1), int)

@@ -9,6 +9,7 @@ def misuse(task: TimeoutTask) -> None:
     timeouts.schedule("order.close", 1, when=5)  # error: Unexpected keyword argument "when"
     timeouts.schedule("order.close", 1, 5)  # error: Too many positional arguments
     timeouts.schedule("order.close", 1.5, delay=5)  # error: Argument 2 to "schedule" has incompatible type "float"
+    timeouts.schedule("order.close", 1, delay=5, max_wait=300)  # error: Argument "max_wait" to "schedule"
     text: str = timeouts.cancel("order.close", 1)  # error: Incompatible types in assignment
     count: str = TimeoutTask.objects.cancel("order.close", 1)  # error: Incompatible types in assignment
     moved: str = task.reschedule(delay=5)  # error: Incompatible types in assignment

@@ -115,16 +115,16 @@ if QUERIES["insert_task"].count(NOTIFY_ONCE_PER_TRANSACTION) != 1:
 QUERIES["insert_task_autocommit"] = QUERIES["insert_task"].replace(NOTIFY_ONCE_PER_TRANSACTION, NOTIFY_ITSELF)
 
 # The queries every task runs: schedule()'s INSERT (and, with on_conflict, the default, the key's
-# lock and the read of its waiting task before it), the claim, the worker's compare-and-set and its
-# outcome. They bind parameters on the server, so psycopg can prepare them: PostgreSQL then skips
-# parsing them, and for the INSERT and the claim planning too (docs: explanation/benchmarks). Django
-# turns preparing off unless the host sets DATABASES OPTIONS "prepare_threshold" (not behind a
-# pooler that cannot keep prepared statements); the connection of a worker or dispatcher of its own
-# prepares unless OPTIONS say None (worker_connection.py). Django's own cursors bind on the client and
-# never prepare, so nothing else of the host's changes. A migration that adds a column is harmless:
-# psycopg prepares again (test_prepared.py).
+# lock and the read of its waiting task before it; with "debounce", the move), the claim, the
+# worker's compare-and-set and its outcome. They bind parameters on the server, so psycopg can
+# prepare them: PostgreSQL then skips parsing them, and for the INSERT and the claim planning too
+# (docs: explanation/benchmarks). Django turns preparing off unless the host sets DATABASES OPTIONS
+# "prepare_threshold" (not behind a pooler that cannot keep prepared statements); the connection of
+# a worker or dispatcher of its own prepares unless OPTIONS say None (worker_connection.py).
+# Django's own cursors bind on the client and never prepare, so nothing else of the host's changes.
+# A migration that adds a column is harmless: psycopg prepares again (test_prepared.py).
 PREPARED = frozenset({"insert_task", "insert_task_autocommit", "lock_biz_key", "waiting_tasks_for_key",
-                      "claim_due", "start_task", "finish_task",
+                      "debounce_task", "claim_due", "start_task", "finish_task",
                       "finish_then_start_task", "fail_task", "confirm_start",
                       "tasks_backend_started", "tasks_backend_returned", "tasks_backend_failed"})
 

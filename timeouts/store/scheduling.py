@@ -12,6 +12,12 @@ caller follows (so two batches never wait for each other in a circle), reads the
 all of them in one statement, and settles each key in the order of the batch (_settle()): an item
 meets the key's waiting task, or an earlier item of the same key, as schedule() would.
 
+"debounce" moves the key's PENDING task rather than adding one. schedule() takes the key's lock
+and moves the task in one database function, timeouts_debounce_v1 (sql/migrations/0005_debounce.sql
+says why that is race-free): one round trip, outside a transaction, for a key that has such a task,
+the common case of a debounced key. A call that finds none inserts the task as the other modes
+do, in one transaction with the function, which holds the lock until then.
+
 Each lock is an entry of PostgreSQL's shared lock table, which holds some thousands in all
 (max_locks_per_transaction per connection) and refuses more with "out of shared memory". So a
 key's lock comes after a shared lock on its bucket, one of KEY_BUCKETS, and a batch of more than
@@ -22,8 +28,8 @@ at most that many entries, and it still excludes every other caller on its keys.
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -33,7 +39,7 @@ from timeouts import events, tracing, validation
 from timeouts.conf import get_settings, notify_params
 from timeouts.errors import TaskConflict, TimeoutsError
 from timeouts.registry import get_handler
-from timeouts.states import WAITING
+from timeouts.states import WAITING, Status
 from timeouts.storage import shards
 from timeouts.store.queries import execute, fetch_dicts, fetch_one, fetch_values
 from timeouts.store.serialization import retry_on_conflict
@@ -72,6 +78,7 @@ class NewTask:
     max_attempts: int
     ttr: int
     on_conflict: str | None
+    max_wait: timedelta | None = None  # on_conflict="debounce" only
 
     def params(self, slot: int | None = None):
         """insert_task's parameters; `slot`: the task's (shards.place()), by default its biz_id's. With
@@ -90,10 +97,12 @@ class NewTask:
         }
 
 
-def prepare(biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=DEFAULT_ON_CONFLICT) -> NewTask:
+def prepare(biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=DEFAULT_ON_CONFLICT,
+            max_wait=None) -> NewTask:
     settings = get_settings()
     handler = get_handler(biz_type)
     at, delay = validation.action_time(at, delay)
+    on_conflict = validation.on_conflict(on_conflict)
     return NewTask(
         biz_type=biz_type,
         biz_id=validation.biz_id(biz_id),
@@ -102,18 +111,28 @@ def prepare(biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflic
         attribute=validation.attribute(attribute, settings.MAX_ATTRIBUTE_BYTES),
         max_attempts=handler.max_attempts or settings.DEFAULT_MAX_ATTEMPTS,
         ttr=handler.ttr or settings.DEFAULT_TTR,
-        on_conflict=validation.on_conflict(on_conflict),
+        on_conflict=on_conflict,
+        max_wait=validation.max_wait(max_wait, on_conflict),
     )
 
 
 def schedule(model, biz_type, biz_id, *, at=None, delay=None, attribute=None, on_conflict=DEFAULT_ON_CONFLICT,
-             using=None):
+             max_wait=None, using=None):
     """`using`: the shard, when the caller chose it; else the one the task's key belongs to."""
-    new = prepare(biz_type, biz_id, at=at, delay=delay, attribute=attribute, on_conflict=on_conflict)
+    new = prepare(biz_type, biz_id, at=at, delay=delay, attribute=attribute, on_conflict=on_conflict,
+                  max_wait=max_wait)
     where = shards.place(new.biz_type, new.biz_id, using)
     _require_transaction([where.alias], f"the task {new.biz_type}:{new.biz_id}", chosen=using is not None)
+    connection = connections[where.alias]
     if new.on_conflict is None:
-        return events.scheduled(insert(model, new, where, connections[where.alias]), where.alias)
+        return events.scheduled(insert(model, new, where, connection), where.alias)
+    if new.on_conflict == "debounce" and connection.get_autocommit():
+        # Outside a transaction the move is one statement, its own transaction: no BEGIN, no
+        # COMMIT. Only when the key has no PENDING task does the call go on below, where the key's
+        # lock is held from the check to the insert.
+        moved, _due = retry_on_conflict(partial(_debounce, model, new, connection), using=where.alias)
+        if moved is not None:
+            return moved
     # The key's waiting task may move to another partition (a reschedule) while it is read FOR
     # UPDATE (40001): the whole step runs again, lock included.
     task, _created = retry_on_conflict(partial(_schedule_keyed_in_transaction, model, new, where), using=where.alias)
@@ -136,6 +155,11 @@ def _schedule_keyed(model, new: NewTask, where: shards.Place):
     """
     using = where.alias
     connection = connections[using]
+    if new.on_conflict == "debounce":
+        moved, due = _debounce(model, new, connection)
+        if moved is not None:
+            return moved, False
+        return events.scheduled(insert(model, due, where, connection), using), True
     key = {"biz_type": new.biz_type, "biz_id": new.biz_id}
     lock_key(key, connection)
     waiting = fetch_dicts("waiting_tasks_for_key", key, using=connection)
@@ -147,6 +171,22 @@ def _schedule_keyed(model, new: NewTask, where: shards.Place):
         replaced = execute("cancel_by_key", {**key, "statuses": list(WAITING)}, using=connection)
         events.cancelled_rows(new.biz_type, replaced, using)
     return events.scheduled(insert(model, new, where, connection), using), True
+
+
+def _debounce(model, new: NewTask, connection):
+    """on_conflict="debounce", under the key's lock (which this takes): (the key's PENDING task, moved
+    to the new time and attribute, None), or, when the key has none, (None, `new` at the time the
+    database gave it: capped by max_wait), to insert."""
+    params = {**lock_params(), "biz_type": new.biz_type, "biz_id": new.biz_id, "at": new.at, "delay": new.delay,
+              "max_wait": new.max_wait, "attribute": new.attribute, **notify_params()}
+    row = fetch_one("debounce_task", params, using=connection)
+    if row["job_id"] is not None:
+        return model._from_row(row, connection.alias), None
+    if new.delay is None:
+        return None, replace(new, at=row["due"])  # `at`, or sooner: the call's clock plus max_wait
+    # A delay stays one, added to the insert's clock as in every mode, so the new task is due that
+    # long after its creation, its first scheduling: or max_wait after it, if that is sooner.
+    return None, replace(new, delay=min(new.delay, new.max_wait) if new.max_wait is not None else new.delay)
 
 
 def insert(model, new: NewTask, where: shards.Place, connection):
@@ -220,7 +260,8 @@ def _require_transaction(aliases, what, *, chosen):
 def _bulk_schedule_on(model, alias, placed) -> int:
     """One shard's part of bulk_schedule(), inside its transaction, in as many statements whatever
     the batch's size: the locks of its keys, their waiting tasks, the cancel of those it replaces,
-    the COPY (with its job ids and one reading of the clock) and the NOTIFY."""
+    the move of those it debounces, the COPY (with its job ids and one reading of the clock) and the
+    NOTIFY."""
     connection = connections[alias]
     keys = sorted({(new.biz_type, new.biz_id) for _, new, _ in placed if new.on_conflict is not None})
     waiting: dict[tuple[str, str], list[dict]] = {}
@@ -231,7 +272,7 @@ def _bulk_schedule_on(model, alias, placed) -> int:
         rows = retry_on_conflict(partial(fetch_dicts, "waiting_tasks_for_keys", params, using=connection), using=alias)
         for row in rows:
             waiting.setdefault((row["biz_type"], row["biz_id"]), []).append(row)
-    rows, replaced = _settle(placed, waiting)
+    rows, replaced, moved = _settle(placed, waiting)
     if replaced:
         # Locked above (FOR UPDATE): still waiting, and where they were read.
         cancelled = fetch_dicts("cancel_waiting_tasks", {"job_ids": [row["job_id"] for row in replaced],
@@ -239,27 +280,48 @@ def _bulk_schedule_on(model, alias, placed) -> int:
                                 using=connection)
         for biz_type, count in Counter(row["biz_type"] for row in cancelled).items():
             events.cancelled(biz_type, count, alias)
+    # One reading of the database clock for the whole batch: the base of its delays, and the first
+    # scheduling of the debounced tasks it creates.
+    now = None
+    if any(new.delay is not None or new.max_wait is not None for new, _ in rows) or moved:
+        now = fetch_one("database_now", using=connection)["now"]
+    deadlines = []
+    if moved:
+        deadlines += _move(moved, now, connection)
     if rows:
-        earliest = _copy(rows, connection)
-        execute("notify_deadline", {"deadline": earliest, **notify_params()}, using=connection).close()
+        deadlines.append(_copy(rows, now, connection))
         events.scheduled_batch((new.biz_type for new, _ in rows), alias)
+    if deadlines:
+        execute("notify_deadline", {"deadline": min(deadlines), **notify_params()}, using=connection).close()
     return len(rows)
 
 
 def _settle(placed, waiting: dict[tuple[str, str], list[dict]]):
     """What a batch does to its keys, item by item in its order, as schedule() calls one after the
-    other would: returns the (new, where) to insert and the waiting rows that "replace" cancels, or
-    raises TaskConflict for an "error" item whose key has a waiting task, or an earlier item of the
-    batch (then nothing is stored). `waiting`: the waiting tasks of the keys that an item with an
-    on_conflict names."""
+    other would: returns the (new, where) to insert, the waiting rows that "replace" cancels and the
+    PENDING rows that "debounce" moves (as {job_id: (row, the item that moves it last)}), or raises
+    TaskConflict for an "error" item whose key has a waiting task, or an earlier item of the batch
+    (then nothing is stored). `waiting`: the waiting tasks of the keys that an item with an
+    on_conflict names. A debounced item whose key has neither a PENDING task nor an earlier item
+    gives the batch a task of that key, which its next debounced items move in turn."""
     inserted: dict[int, tuple[NewTask, shards.Place]] = {}  # by the item's index, in batch order
     replaced: list[dict] = []
+    moved: dict[int, tuple[dict, NewTask]] = {}
     stored = {key: list(rows) for key, rows in waiting.items()}  # still waiting, as far as the batch knows
     batched: dict[tuple[str, str], list[int]] = {}  # the items of each key that would be inserted so far
     for index, new, where in placed:
         key = (new.biz_type, new.biz_id)
         before, earlier = stored.setdefault(key, []), batched.setdefault(key, [])
-        if new.on_conflict is not None and (before or earlier):
+        if new.on_conflict == "debounce":
+            pending = [row for row in before if row["status"] == Status.PENDING]
+            if pending:  # the first created, as timeouts_debounce_v1 picks it
+                row = min(pending, key=lambda row: (row["created_at"], row["job_id"]))
+                moved[row["job_id"]] = (row, new)
+                continue
+            if earlier:  # the task this batch creates for the key takes this item's time and attribute
+                inserted[earlier[0]] = (new, inserted[earlier[0]][1])
+                continue
+        elif new.on_conflict is not None and (before or earlier):
             if new.on_conflict == "error":
                 if before:
                     raise _conflict(new, before[0], prefix=f"item {index}: ")
@@ -268,27 +330,49 @@ def _settle(placed, waiting: dict[tuple[str, str], list[dict]]):
             if new.on_conflict == "keep":
                 continue
             replaced += before  # "replace"
+            for row in before:
+                moved.pop(row["job_id"], None)
             before.clear()
             for item in earlier:
                 del inserted[item]
             earlier.clear()
         inserted[index] = (new, where)
         earlier.append(index)
-    return list(inserted.values()), replaced
+    return list(inserted.values()), replaced, moved
 
 
-def _copy(rows, connection):
-    """COPY the rows in; returns the earliest action_time, for the one NOTIFY of the batch."""
-    now = earliest = None
-    if any(new.delay is not None for new, _ in rows):
-        # One reading of the database clock for the whole batch.
-        now = fetch_one("database_now", using=connection)["now"]
+def due_time(new: NewTask, now: datetime, first_scheduled: datetime, was_due: datetime) -> datetime:
+    """When `new` is due: its `at`, or `now` plus its delay; with max_wait, never later than
+    `first_scheduled` plus max_wait (compared as timedeltas: a max_wait too large to add to a
+    datetime is never added to one), and the cap alone never earlier than `was_due` (the moved
+    task's action_time, or now) and `now`. What timeouts_debounce_v1 computes, for bulk_schedule()."""
+    at = new.at if new.delay is None else now + new.delay
+    if new.max_wait is None or at - first_scheduled <= new.max_wait:
+        return at
+    return min(at, max(first_scheduled + new.max_wait, min(was_due, now)))
+
+
+def _move(moved: dict[int, tuple[dict, NewTask]], now, connection) -> list:
+    """Move the debounced tasks, locked above (FOR UPDATE), to their new times and attributes; returns
+    the new deadlines of those that moved earlier, for the batch's NOTIFY."""
+    rows = [(row, new, due_time(new, now, row["created_at"], row["action_time"])) for row, new in moved.values()]
+    execute("move_waiting_tasks", {"job_ids": [row["job_id"] for row, _, _ in rows],
+                                   "action_times": [row["action_time"] for row, _, _ in rows],
+                                   "dues": [due for _, _, due in rows],
+                                   "attributes": [new.attribute for _, new, _ in rows]}, using=connection).close()
+    return [due for row, _, due in rows if due < row["run_at"]]
+
+
+def _copy(rows, now, connection):
+    """COPY the rows in (`now`: the batch's reading of the database clock, if one of them needs it);
+    returns the earliest action_time, for the one NOTIFY of the batch."""
+    earliest = None
     job_ids = _job_ids(connection, [where.slot for _, where in rows])
     trace_context = tracing.stored_context()  # the caller's, the same for the whole batch
     statement = f"COPY timeouts_task ({', '.join(('job_id', *COPY_COLUMNS))}) FROM STDIN"
     with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
         for (new, _), job_id in zip(rows, job_ids, strict=True):
-            at = new.at if new.delay is None else now + new.delay
+            at = due_time(new, now, now, now)
             copy.write_row((job_id, new.biz_type, new.biz_id, at, at, new.attribute, new.max_attempts, new.ttr,
                             trace_context))
             earliest = at if earliest is None else min(earliest, at)

@@ -10,7 +10,7 @@ from benchmarks.config import KNOWN_SCENARIOS, PATHS, PEER_SYSTEMS, BenchConfig
 
 SIZES = ("n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "n_idle", "n_durable_spread", "n_durable_memory",
          "n_durable_restart", "n_durable_cost", "n_durable_cpu", "n_tasks_spread", "n_tasks_drain", "n_tasks_enqueue",
-         "n_backlog", "n_isolation_spread", "n_rate", "n_claim", "n_shards_drain", "n_shards_outage")
+         "n_backlog", "n_isolation_spread", "n_rate", "n_claim", "n_shards_drain", "n_shards_outage", "n_debounce")
 
 
 def _names(text):
@@ -53,6 +53,14 @@ class Command(BaseCommand):
             help="isolation_cost: the commit whose claim_due to compare with (default: the newest that differs)")
         add("--shards-base-commit", default="",
             help="shards_overhead: the commit to compare with (default: the parent of the one adding shards)")
+        add("--debounce-calls", type=int, default=d.debounce_calls, help="debounce: calls per key")
+        add("--debounce-writers", type=int, default=d.debounce_writers,
+            help="debounce: writer processes making the calls together")
+        add("--debounce-block", type=int, default=d.debounce_block,
+            help="debounce: keys whose calls a writer makes together, round by round")
+        add("--debounce-delay", type=float, default=d.debounce_delay, help="debounce: seconds, each call's delay")
+        add("--debounce-max-wait", type=float, default=d.debounce_max_wait,
+            help='debounce: seconds, on_conflict="debounce"\'s max_wait')
         add("--drain-timeout", type=float, default=d.drain_timeout,
             help="seconds to wait for a backlog's tasks to start")
         add("--wait-tail", type=float, default=d.wait_tail,

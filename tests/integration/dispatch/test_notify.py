@@ -85,3 +85,47 @@ def test_reschedule_and_requeue_notify(listener):
     task.cancel()
     task.requeue()
     assert listener() == [pytest.approx(epoch(task.action_time), abs=1e-6)]
+
+
+def debounce(biz_id, seconds, **options):
+    return TimeoutTask.objects.schedule("test.record", biz_id, delay=timedelta(seconds=seconds),
+                                        on_conflict="debounce", **options)
+
+
+def test_a_debounce_notifies_only_when_it_moves_a_deadline_earlier_within_the_horizon(listener):
+    created = debounce("k", 20)
+    assert listener() == [pytest.approx(epoch(created.action_time), abs=1e-6)]  # a new task, as any
+    debounce("k", 30)
+    debounce("k", 40, max_wait=timedelta(seconds=35))  # later, to the cap
+    assert listener() == []  # later: the dispatchers find it when they next read the nearest deadline
+    sooner = debounce("k", 5)
+    assert listener() == [pytest.approx(epoch(sooner.action_time), abs=1e-6)]
+    far = debounce("far", 7200)
+    assert listener() == []
+    debounce("far", 3600)  # earlier, but beyond the horizon
+    assert listener() == []
+    assert far.job_id == debounce("far", 4000).job_id
+
+
+def test_debounces_inside_a_transaction_notify_at_commit_as_inserts_do(listener):
+    debounce("a", 3600)
+    debounce("b", 3600)
+    with transaction.atomic():
+        first = debounce("a", 5)
+        debounce("b", 10)  # later than the deadline this transaction announced already
+        debounce("c", 20)
+    assert listener() == [pytest.approx(epoch(first.action_time), abs=1e-6)]
+
+
+def test_a_batch_of_debounces_notifies_once_for_its_earliest_new_deadline(listener):
+    moved = debounce("moved", 3600)
+    later = debounce("later", 10)
+    assert len(listener()) == 1
+    items = [{"biz_type": "test.record", "biz_id": biz_id, "delay": timedelta(seconds=seconds),
+              "on_conflict": "debounce"} for biz_id, seconds in (("moved", 8), ("later", 50), ("new", 9))]
+    assert TimeoutTask.objects.bulk_schedule(items) == 1
+    moved.refresh_from_db()
+    assert listener() == [pytest.approx(epoch(moved.action_time), abs=1e-6)]
+    assert later.job_id == TimeoutTask.objects.get(biz_id="later").job_id
+    assert TimeoutTask.objects.bulk_schedule(items[1:2]) == 0  # "later" moved later again: no NOTIFY
+    assert listener() == []

@@ -93,6 +93,33 @@ def test_a_prepared_start_survives_a_new_column(starts):
             cursor.execute("ALTER TABLE timeouts_task DROP COLUMN added_by_a_migration")
 
 
+def test_a_debounce_of_a_pending_task_is_one_prepared_statement_that_survives_a_new_column():
+    """Outside a transaction: no BEGIN, no COMMIT, no lock of its own, one statement. A migration
+    that adds a column changes the row the function returns: psycopg prepares it again."""
+
+    def debounce(**options):
+        return TimeoutTask.objects.schedule("test.record", "k", delay=60, on_conflict="debounce", **options)
+
+    first = debounce()
+    seen = []
+    with connection.execute_wrapper(
+            lambda execute, sql, params, many, context: seen.append(sql) or execute(sql, params, many, context)):
+        for _ in range(6):
+            assert debounce().job_id == first.job_id
+    assert seen == [QUERIES["debounce_task"]] * 6
+    assert is_prepared("debounce_task")
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE timeouts_task ADD COLUMN added_by_a_migration integer")
+    try:
+        moved = debounce(attribute={"after": "the migration"})
+        fetched = TimeoutTask.objects.get(job_id=first.job_id)
+        for field in TimeoutTask._meta.concrete_fields:
+            assert getattr(moved, field.attname) == getattr(fetched, field.attname), field.name
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE timeouts_task DROP COLUMN added_by_a_migration")
+
+
 def test_a_bare_psycopg_connection_runs_the_hot_path_queries_too():
     # The reliability scenarios' oracle schedules through one (its own transactions, its own server).
     import psycopg

@@ -40,6 +40,8 @@ MIGRATED = {
     "0003_trace_context_reverse.sql": "c52e336d28690579e212258883b6d96535cfdc98a39271d5f8f415101539bdd2",
     "0004_lateness.sql": "6bae4c1e61c684c33ba9f8365a1e63c11a3113fe68dfc1bcefd5b98bbade0b46",
     "0004_lateness_reverse.sql": "090dcbb0377e2248d095823dd2cf414719cf51c1d10feb46ee275ccb1310866c",
+    "0005_debounce.sql": "d206852e74f16c195e41767f7675cba9c266b6b62b831d96b1c7a84e602020bf",
+    "0005_debounce_reverse.sql": "fc3791ecb45c40ea014e4c9d500ad47b9dc92c301c48773bf85688a7c16ea4e7",
 }
 
 

@@ -60,6 +60,20 @@ SELECT pg_advisory_xact_lock_shared(%(bucket_namespace)s::integer, key.hash & %(
 FROM (SELECT hashtext(%(biz_type)s::text || ':' || %(biz_id)s::text) AS hash) AS key;
 
 
+-- name: debounce_task
+-- Moves the key's PENDING task to a new time and attribute, under the key's lock, or says when a new one is due.
+--
+-- schedule(..., on_conflict="debounce") in one round trip (timeouts_debounce_v1, in
+-- sql/migrations/0005_debounce.sql, which says why it is race-free): the moved task's row, or NULLs
+-- and `due`, the time of the task the caller then inserts under the same lock. Prepared (on
+-- schedule()'s path): the casts give its parameters their types.
+SELECT (d.task).*, d.due
+FROM timeouts_debounce_v1(%(namespace)s::integer, %(bucket_namespace)s::integer, %(bucket_mask)s::integer,
+                          %(biz_type)s::text, %(biz_id)s::text, %(at)s::timestamptz, %(delay)s::interval,
+                          %(max_wait)s::interval, %(attribute)s::jsonb, %(channel)s::text,
+                          %(horizon)s::double precision) AS d;
+
+
 -- name: waiting_tasks_for_key
 -- Tasks of one key that have not started yet (PENDING or DISPATCHED).
 SELECT * FROM timeouts_task
@@ -93,11 +107,27 @@ FROM (SELECT DISTINCT is_bucket, id
 
 -- name: waiting_tasks_for_keys
 -- Tasks of many keys that have not started yet (PENDING or DISPATCHED).
-SELECT job_id, action_time, biz_type, biz_id FROM timeouts_task
+--
+-- With what a debounced item needs of the PENDING ones: their deadline and their first scheduling.
+SELECT job_id, action_time, biz_type, biz_id, status, run_at, created_at FROM timeouts_task
 WHERE (biz_type, biz_id) IN (SELECT * FROM unnest(%(biz_types)s::text[], %(biz_ids)s::text[]))
   AND status IN (:PENDING, :DISPATCHED)
 ORDER BY biz_type, biz_id, action_time, job_id
 FOR UPDATE;
+
+
+-- name: move_waiting_tasks
+-- Moves the PENDING tasks at these (job_id, action_time) to new times, with new attributes: those bulk_schedule() debounces.
+--
+-- Locked above (waiting_tasks_for_keys, FOR UPDATE), so still PENDING; the times and attributes are
+-- bulk_schedule()'s, computed from one reading of the database clock.
+UPDATE timeouts_task AS t
+SET action_time = m.due, run_at = m.due, attribute = m.attribute::jsonb, modified_at = c.now
+FROM unnest(%(job_ids)s::bigint[], %(action_times)s::timestamptz[], %(dues)s::timestamptz[],
+            %(attributes)s::text[]) AS m(job_id, action_time, due, attribute),
+     (SELECT clock_timestamp() AS now) AS c
+WHERE t.job_id = m.job_id AND t.action_time = m.action_time AND t.status = :PENDING
+RETURNING t.job_id;
 
 
 -- name: cancel_waiting_tasks
