@@ -17,7 +17,8 @@ of run_at by the database clock (`_DatabaseClock`) and runs the body at once.
 
 A call may wait for a pool process long after its eta, when every process is busy. Its start is
 leased meanwhile: the main process keeps the lease alive (leases.py) from the start's answer until
-the pool process takes the call over, and the pool process runs the body only once the database
+the pool process takes the call over (Celery counts the request accepted), holding nothing of the
+request meanwhile (`_while_waiting`), and the pool process runs the body only once the database
 confirms that the start still holds (`confirm_start`, which renews the lease); else it drops the
 message. So a call is never run on a start that lease recovery took back, nor after a cancel that
 returned True.
@@ -44,6 +45,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import deque
 
 from celery import bootsteps
@@ -71,6 +73,7 @@ class StartingRequest(Request):
     def __init__(self, message, **kwargs):
         super().__init__(message, **kwargs)
         self._ahead = None
+        self._handed = None  # the start handed over with this request, until a pool process accepts it
         fields = self._request_dict.get(FENCE_HEADER)
         if fields and self._eta is not None and self._eta.timestamp() > time.time():
             try:
@@ -98,14 +101,42 @@ class StartingRequest(Request):
     def _hand_over_start(self):
         """Put the start recorded ahead, if any, into the fence the pool process reads."""
         ahead, self._ahead = self._ahead, None
-        started = ahead and ahead.take(self._waits_for_a_process)
+        started = ahead and ahead.take(_while_waiting(self))
         if started is not None:
+            self._handed = ahead
             self._request_dict[FENCE_HEADER] = header(ahead.fence.with_started(started))
+
+    def on_accepted(self, pid, time_accepted):
+        """A pool process has taken the call over (Celery counts the request accepted): its
+        confirm_start renews the lease, and its own heartbeat keeps it from then on. This process
+        lets the lease go at once rather than at its heartbeat's next beat (_while_waiting)."""
+        handed, self._handed = self._handed, None
+        if handed is not None:
+            handed.taken_over()
+        super().on_accepted(pid, time_accepted)
 
     def _waits_for_a_process(self) -> bool:
         """Handed to the pool, and neither taken by a pool process (accepted), nor ended, nor
         dropped yet, as the worker's state tracks its requests."""
         return self in worker_state.reserved_requests and self not in worker_state.active_requests
+
+
+def _while_waiting(request):
+    """`request._waits_for_a_process`, holding the request weakly: a request gone is not waiting.
+
+    The heartbeat asks a lease whether to keep it only at its next beat, up to a third of the TTR
+    later. A lease that held its request would keep each request handed over alive that long in the
+    worker's main process, with its message and arguments, where the garbage collector moves them to
+    its oldest generation: its full collections then come more often and take longer, and each one
+    stops every thread of the main process (the timer that hands calls to the pool, the thread that
+    starts them ahead) while it lasts, which makes the calls due meanwhile late."""
+    ref = weakref.ref(request)
+
+    def waiting() -> bool:
+        alive = ref()
+        return alive is not None and alive._waits_for_a_process()
+
+    return waiting
 
 
 class _Start:
@@ -154,6 +185,11 @@ class _Start:
             leases.heartbeat.remove(self.lease)
         self.answered.set()
         return started
+
+    def taken_over(self):
+        """The pool process that runs the call has it (Celery counts its request accepted): this
+        process no longer keeps its lease."""
+        leases.heartbeat.remove(self.lease)
 
     def take(self, waiting=None):
         """The recorded start, handed over once, and never given back after this; None when there is

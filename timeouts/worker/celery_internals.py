@@ -37,7 +37,9 @@ attributes or code no longer match. Checked against Celery 5.7.0, kombu 5.7.0 an
    the worker runs each task's requests through a subclass it makes of it
    (celery.worker.request.create_request_cls), whose own `execute_using_pool` does not call the
    base class's. StartingRequest wraps that method in `__init_subclass__`; the test fails when
-   Celery's subclass no longer has one of its own, or when the wrapping no longer happens.
+   Celery's subclass no longer has one of its own, or when the wrapping no longer happens. The
+   subclass keeps StartingRequest's `on_accepted` (it lets a start's lease go): the test fails when
+   it has one of its own.
 """
 
 from billiard import common as billiard_common

@@ -3,15 +3,23 @@ that sends them to a pool process: each compare-and-set is run by one of the two
 a start is either handed over or given back (the worker dropped its message), never both. With a
 database: tests/integration/durable/test_starts.py."""
 
+import gc
+import os
 import threading
 import time
+import uuid
+import weakref
 
+from kombu.message import Message
+
+from tests.testapp import tasks
 from timeouts.durable import starts as call_starts
-from timeouts.durable.starts import _DatabaseClock, _Start
-from timeouts.protocol import from_header
+from timeouts.durable.starts import StartingRequest, _DatabaseClock, _Start
+from timeouts.protocol import FENCE_HEADER, from_header
 from timeouts.worker import leases
 
-FENCE = from_header([1, "2026-01-01T00:00:00+00:00", 1, None, "default"])
+FENCE_FIELDS = [1, "2026-01-01T00:00:00+00:00", 1, None, "default"]
+FENCE = from_header(FENCE_FIELDS)
 # What the thread's compare-and-set answers (a long lease: no extension falls due in these tests).
 STARTED = {"row": {"job_id": 1, "ttr": 60}, "not_before": 0.0}
 
@@ -19,6 +27,24 @@ STARTED = {"row": {"job_id": 1, "ttr": 60}, "not_before": 0.0}
 def kept(start) -> bool:
     """Whether this process keeps the start's lease."""
     return start.lease is not None and start.lease in leases.heartbeat.leases
+
+
+def answered_start():
+    start = _Start(FENCE)
+    start.begin()
+    start.answer(STARTED)
+    return start
+
+
+def a_request(start):
+    """A DurableTask request as the worker makes one from its message, holding `start` as the start
+    recorded ahead for it (received without an eta, it starts nothing itself)."""
+    task = tasks.record
+    message = Message(body=b"", headers={"id": str(uuid.uuid4()), "task": task.name, FENCE_HEADER: FENCE_FIELDS},
+                      delivery_info={}, properties={})
+    request = StartingRequest(message, app=task.app, task=task, body=((), {}, {}), decoded=True)
+    request._ahead = start
+    return request
 
 
 def test_a_start_the_thread_has_not_begun_is_abandoned_and_never_run():
@@ -76,6 +102,28 @@ def test_a_start_handed_over_keeps_its_lease_while_its_request_waits_for_a_proce
     assert kept(start) and start.lease.kept()
     waiting.clear()  # a pool process took it over: its own heartbeat keeps the lease from now on
     assert not start.lease.kept()
+
+
+def test_a_start_handed_over_with_its_request_is_let_go_once_a_pool_process_accepts_the_request():
+    start = answered_start()
+    request = a_request(start)
+    request._hand_over_start()
+    assert kept(start)
+    request.on_accepted(os.getpid(), time.monotonic())
+    assert not kept(start)  # the pool process's confirm_start renews the lease, its heartbeat keeps it
+
+
+def test_the_lease_of_a_start_handed_over_does_not_keep_its_request_alive():
+    """The heartbeat drops a lease it no longer keeps at its next beat only: until then the request,
+    with its message and arguments, is free to go, rather than held in the worker's main process."""
+    start = answered_start()
+    request = a_request(start)
+    request._hand_over_start()
+    gone = weakref.ref(request)
+    del request
+    gc.collect()
+    assert gone() is None
+    assert kept(start) and not start.lease.kept()  # a request gone waits for no process
 
 
 def test_a_start_that_answers_too_late_is_abandoned_and_given_back_by_the_thread(monkeypatch):

@@ -109,3 +109,6 @@ def test_5_the_request_class_celery_makes_for_a_durable_task_still_hands_over_it
     assert "__init_subclass__" in made.execute_using_pool.__qualname__, (
         f"entry 5 of {MODULE}: the execute_using_pool Celery made for a DurableTask no longer hands over the "
         "start recorded ahead (StartingRequest.__init_subclass__ did not wrap it)")
+    assert made.on_accepted is StartingRequest.on_accepted, (
+        f"entry 5 of {MODULE}: Celery's per-task Request now has an on_accepted of its own, which does not let "
+        "the lease of a start handed over go when a pool process accepts the call")
