@@ -11,6 +11,8 @@
     progress   progress display on stderr                  clusters   a throwaway PostgreSQL cluster
     shards     the shard scenarios' wiring                 shard_load   drain and outage over shards
     shard_costs  idle and single-shard overhead            shard_servers  shard databases, CPU meter
+    late_recovery  an outage, with a lateness policy and without  tracing_cost  tracing on against off
+    span_sink    OpenTelemetry's SDK whose spans are dropped (tracing on: settings_tracing)
 
 Nothing here is imported by the runtime: the handlers exist only in processes that import
 `benchmarks.handlers` (the bench itself, and its worker via `--include`).

@@ -14,8 +14,11 @@ ISOLATION_SCENARIOS = ("isolation_neighbour", "isolation_rate", "isolation_cost"
 SHARDS_SCENARIOS = ("shards_drain", "shards_outage", "shards_idle", "shards_overhead", "shards_rate")
 # on_conflict="debounce" against "replace", from several writer processes (benchmarks/debounce.py).
 DEBOUNCE_SCENARIOS = ("debounce",)
+# The lateness policy after an outage (benchmarks/late_recovery.py); tracing on against off (tracing_cost.py).
+LATENESS_SCENARIOS, TRACING_SCENARIOS = ("late_recovery",), ("tracing",)
 KNOWN_SCENARIOS = (SCENARIOS + DURABLE_SCENARIOS + TASKS_SCENARIOS + ISOLATION_SCENARIOS + SHARDS_SCENARIOS
                    + DEBOUNCE_SCENARIOS)
+KNOWN_SCENARIOS += LATENESS_SCENARIOS + TRACING_SCENARIOS
 PATHS = ("scan", "dispatcher", "celery")  # celery = the same no-op body published directly
 PATH_LABELS = {"scan": "scan only", "dispatcher": "dispatcher", "celery": "celery direct"}
 PEER_SYSTEMS = ("naive_ln", "naive_poll", "procrastinate", "celery", "django_tasks")
@@ -31,6 +34,7 @@ SCENARIO_PATHS = {
     # Their variants are their paths.
     **{name: () for name in DURABLE_SCENARIOS + TASKS_SCENARIOS + ISOLATION_SCENARIOS + SHARDS_SCENARIOS
        + DEBOUNCE_SCENARIOS},
+    **{name: () for name in LATENESS_SCENARIOS + TRACING_SCENARIOS},
 }
 
 
@@ -69,6 +73,10 @@ class BenchConfig:
     debounce_block: int = 250  # debounce: keys whose calls a writer makes together, round by round
     debounce_delay: float = 5.0  # debounce: seconds, each call's delay
     debounce_max_wait: float = 6.0  # debounce: seconds, on_conflict="debounce"'s max_wait
+    n_late: int = 10000  # late_recovery: tasks due during the outage, half of them skipped when late
+    outage: float = 60.0  # late_recovery: seconds without a worker
+    late_stream: float = 120.0  # late_recovery: seconds of on-time tasks due from the restart
+    late_work_ms: float = 10.0  # late_recovery: milliseconds each handler waits after recording its start
     repo: str = ""  # isolation_cost: the git repository with the previous claim_due (default: the project)
     claim_sql_commit: str = ""  # isolation_cost: the commit whose claim_due is "previous" (default: found)
     shards_base_commit: str = ""  # shards_overhead: the code before shards (default: found)
@@ -108,14 +116,14 @@ class BenchConfig:
                      "n_durable_spread", "n_durable_memory", "n_durable_restart", "n_durable_cost", "n_durable_cpu",
                      "n_tasks_spread", "n_tasks_drain", "n_tasks_enqueue", "n_backlog", "n_isolation_spread",
                      "n_rate", "n_claim", "n_shards_drain", "n_shards_outage", "n_debounce", "debounce_calls",
-                     "debounce_writers", "debounce_block"):
+                     "debounce_writers", "debounce_block", "n_late"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
-        for name in ("n_idle", "cpu_rate", "cpu_idle_seconds"):
+        for name in ("n_idle", "cpu_rate", "cpu_idle_seconds", "late_work_ms"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         for name in ("window", "lead", "idle_seconds", "scan_interval", "restart_from", "restart_down",
-                     "debounce_delay", "debounce_max_wait"):
+                     "debounce_delay", "debounce_max_wait", "outage", "late_stream"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0")
         if not self.restart_from <= self.restart_kill_at <= self.restart_to or self.restart_from == self.restart_to:

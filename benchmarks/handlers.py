@@ -8,7 +8,9 @@ Only processes that import this module know these handlers: the bench itself (to
 bench's Celery worker (`--include benchmarks.handlers`). The runtime never imports it.
 """
 
+import os
 import time
+from datetime import timedelta
 
 import psycopg
 from celery import shared_task
@@ -24,6 +26,10 @@ DURABLE_TASK = "benchmarks.durable"  # the same body again, on DurableTask (its 
 NEIGHBOUR = "benchmarks.neighbour"  # isolation: the biz_type due beside another's backlog
 LIMITED = "benchmarks.limited"  # isolation: a biz_type with a rate limit
 LIMITED_RATE = 200  # LIMITED's handler starts per second
+SKIPPABLE = "benchmarks.skippable"  # late_recovery: a biz_type whose late tasks are skipped, not run
+SKIP_AFTER = timedelta(seconds=5)  # ... when they would start more than this late
+MUST_RUN = "benchmarks.must_run"  # late_recovery: a biz_type whose late tasks run (no lateness policy)
+LATE_WORK_MS = "TIMEOUTS_BENCH_LATE_WORK_MS"  # environment: how long those two handlers work (sleep), in ms
 WARM_TASK = "benchmarks.warm"  # opens a worker process's connections before measuring
 # DURABLE_TASK's lease (seconds): a call lost in a killed worker runs again this long after its start.
 DURABLE_TTR = 10
@@ -80,6 +86,23 @@ def neighbour(task):
 @timeouts.handler(LIMITED, rate_limit=LIMITED_RATE)
 def limited(task):
     record(task.job_id, task.attempts, task.action_time, task.started_at)
+
+
+# What late_recovery's handlers do besides recording their start: wait, as a handler's I/O does
+# (a push, an HTTP call), which a skipped task is spared.
+_late_work = float(os.environ.get(LATE_WORK_MS) or 0) / 1000.0
+
+
+@timeouts.handler(SKIPPABLE, max_lateness=SKIP_AFTER, on_late="skip")
+def skippable(task):
+    record(task.job_id, task.attempts, task.action_time, task.started_at)
+    time.sleep(_late_work)
+
+
+@timeouts.handler(MUST_RUN)
+def must_run(task):
+    record(task.job_id, task.attempts, task.action_time, task.started_at)
+    time.sleep(_late_work)
 
 
 @shared_task(name=DIRECT_TASK, ignore_result=True)

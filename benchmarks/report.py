@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from . import debounce, shards
+from . import debounce, late_recovery, shards, tracing_cost
 from .config import PATH_LABELS
 from .durable import LABELS
 from .isolation import LABELS as ISOLATION_LABELS
@@ -12,7 +12,8 @@ from .stats import summarize
 from .tasks_backend import LABELS as TASKS_LABELS
 
 # the variants of the scenarios that compare two ways (or more)
-DURABLE_LABELS = {**LABELS, **TASKS_LABELS, **ISOLATION_LABELS, **shards.LABELS, **debounce.LABELS}
+DURABLE_LABELS = {**LABELS, **TASKS_LABELS, **ISOLATION_LABELS, **shards.LABELS, **debounce.LABELS,
+                  **late_recovery.LABELS, **tracing_cost.LABELS}
 
 TIMED_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "early",
                  "sched_per_s", "sched_overrun", "claim_per_s", "start_per_s", "drain_total_s", "cpu_steal_pct")
@@ -44,6 +45,8 @@ DURABLE_METRICS = {
     "isolation_cost": ("claim_per_s", "cpu_steal_pct"),
     **shards.METRICS,
     "debounce": debounce.METRICS,
+    **late_recovery.METRICS,
+    **tracing_cost.METRICS,
 }
 DURABLE_HEADERS = {
     "durable_spread": ["p50 ms", "p90 ms", "p99 ms", "max ms", "missing", "dup", "early", "calls/s", "steal %"],
@@ -64,6 +67,8 @@ DURABLE_HEADERS = {
     "isolation_cost": ["claimed/s", "steal %"],
     **shards.HEADERS,
     "debounce": debounce.HEADERS,
+    **late_recovery.HEADERS,
+    **tracing_cost.HEADERS,
 }
 DURABLE_TITLES = {
     "durable_spread": "{n_durable_spread:,} calls due over {window:.0f} s, one worker (lateness in ms)",
@@ -83,6 +88,8 @@ DURABLE_TITLES = {
     "isolation_cost": "claim_due alone over {n_claim:,} due tasks of one biz_type, no limits (median of rounds)",
     **shards.TITLES,
     "debounce": debounce.TITLE,
+    **late_recovery.TITLES,
+    **tracing_cost.TITLES,
 }
 # More tables of one scenario's runs, after its own: (scenario, title, headers, metrics).
 MORE_TABLES = (

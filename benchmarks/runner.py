@@ -17,6 +17,7 @@ from . import (
     durable,
     idle,
     isolation,
+    late_recovery,
     machine,
     report,
     scenarios,
@@ -24,6 +25,7 @@ from . import (
     targets,
     tasks_backend,
     throughput,
+    tracing_cost,
 )
 from .database import BenchDatabase, BenchError
 from .peers import Peers
@@ -133,7 +135,7 @@ def _scenario(ctx, scenario, rep, notes) -> list[dict]:
     """Every path of one scenario in one repeat. A failed run is recorded and the bench goes on."""
     cfg, out = ctx.cfg, []
     if scenario in ("schedule", "defaults", *durable.SCENARIOS, *tasks_backend.SCENARIOS, *isolation.SCENARIOS,
-                    *shards.SCENARIOS, *debounce.SCENARIOS):
+                    *shards.SCENARIOS, *debounce.SCENARIOS, *late_recovery.SCENARIOS, *tracing_cost.SCENARIOS):
         note(f"repeat {rep + 1}/{cfg.repeat}: {scenario}")
         try:
             before = machine.cpu_times()
@@ -147,6 +149,10 @@ def _scenario(ctx, scenario, rep, notes) -> list[dict]:
                 variants = shards.run(ctx, scenario, rep)
             elif scenario in debounce.SCENARIOS:
                 variants = debounce.run(ctx, scenario, rep)
+            elif scenario in late_recovery.SCENARIOS:
+                variants = late_recovery.run(ctx, scenario, rep)
+            elif scenario in tracing_cost.SCENARIOS:
+                variants = tracing_cost.run(ctx, scenario, rep)
             else:
                 variants = (throughput if scenario == "schedule" else defaults).run(ctx, rep)
             steal = machine.steal_pct(before, machine.cpu_times())
@@ -198,6 +204,8 @@ def _finish(result, runs, peer_runs, cfg):
     ratios.update(isolation.ratios(runs))
     ratios.update(shards.ratios(runs))
     ratios.update(debounce.ratios(runs))
+    ratios.update(late_recovery.ratios(runs))
+    ratios.update(tracing_cost.ratios(runs))
     schedule = targets.schedule_ratios(runs)
     if schedule:
         ratios.setdefault("schedule", {}).update(schedule)

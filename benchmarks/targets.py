@@ -8,10 +8,12 @@ correctness targets (missing, duplicates, early), which must hold in every run.
 from .debounce import targets as debounce_targets
 from .durable import targets as durable_targets
 from .isolation import targets as isolation_targets
+from .late_recovery import targets as late_targets
 from .pairs import by_rep, paired
 from .peers import peer_scenario
 from .shards import targets as shards_targets
 from .tasks_backend import targets as tasks_targets
+from .tracing_cost import targets as tracing_targets
 
 LATENESS = ("p50_ms", "p99_ms", "max_ms")
 RATES = ("start_per_s", "claim_per_s")
@@ -113,6 +115,7 @@ def targets(summary, ratio_table, scan_interval, scenarios) -> list[dict]:
     rows += durable_targets(summary, ratio_table) + tasks_targets(summary, ratio_table)
     rows += isolation_targets(summary, ratio_table) + shards_targets(summary, ratio_table)
     rows += debounce_targets(summary, ratio_table)
+    rows += late_targets(summary, ratio_table) + tracing_targets(summary, ratio_table)
     return [{"scenario": scenario, "target": name, "measured": value,
              "ok": None if value is None else bool(check(value))}
             for scenario, name, value, check in rows if scenario in scenarios]

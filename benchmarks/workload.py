@@ -2,6 +2,7 @@
 
 import random
 import time
+from contextlib import nullcontext
 from datetime import timedelta
 
 from timeouts.states import Status
@@ -32,13 +33,15 @@ def _manager(alias):
     return TimeoutTask.objects.db_manager(alias)
 
 
-def schedule_single(alias, times, *, biz_type=NOOP, label="schedule()") -> dict:
-    """schedule() once per task; counts the tasks whose call returned after their due time."""
+def schedule_single(alias, times, *, biz_type=NOOP, label="schedule()", within=nullcontext) -> dict:
+    """schedule() once per task; counts the tasks whose call returned after their due time.
+    `within()`: what each call runs in (the tracing scenario: a span of its own, as a request's)."""
     manager, over = _manager(alias), 0
     progress = Progress(label, len(times))
     started = time.perf_counter()
     for key, at in enumerate(times):
-        manager.schedule(biz_type, biz_id=key, at=at, on_conflict=None)
+        with within():
+            manager.schedule(biz_type, biz_id=key, at=at, on_conflict=None)
         if time.time() > at.timestamp():
             over += 1
         if key % 200 == 0:
@@ -55,12 +58,14 @@ def schedule_each(alias, keys, times, *, biz_type=NOOP):
         manager.schedule(biz_type, biz_id=key, at=at, on_conflict=None)
 
 
-def schedule_bulk(alias, times, *, chunk, biz_type=NOOP) -> dict:
+def schedule_bulk(alias, times, *, chunk, biz_type=NOOP, within=nullcontext) -> dict:
+    """bulk_schedule() `chunk` tasks per call, each call in `within()`."""
     manager = _manager(alias)
     started = time.perf_counter()
     for i in range(0, len(times), chunk):
-        manager.bulk_schedule([{"biz_type": biz_type, "biz_id": i + j, "at": at, "on_conflict": None}
-                               for j, at in enumerate(times[i:i + chunk])])
+        with within():
+            manager.bulk_schedule([{"biz_type": biz_type, "biz_id": i + j, "at": at, "on_conflict": None}
+                                   for j, at in enumerate(times[i:i + chunk])])
     seconds = time.perf_counter() - started
     return {"sched_api": f"bulk_schedule() ({chunk}/call)", "sched_per_s": round(len(times) / seconds)}
 

@@ -10,7 +10,8 @@ from benchmarks.config import KNOWN_SCENARIOS, PATHS, PEER_SYSTEMS, BenchConfig
 
 SIZES = ("n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "n_idle", "n_durable_spread", "n_durable_memory",
          "n_durable_restart", "n_durable_cost", "n_durable_cpu", "n_tasks_spread", "n_tasks_drain", "n_tasks_enqueue",
-         "n_backlog", "n_isolation_spread", "n_rate", "n_claim", "n_shards_drain", "n_shards_outage", "n_debounce")
+         "n_backlog", "n_isolation_spread", "n_rate", "n_claim", "n_shards_drain", "n_shards_outage", "n_debounce",
+         "n_late")
 
 
 def _names(text):
@@ -42,6 +43,11 @@ class Command(BaseCommand):
             help="durable_restart: ... to the kill -9 of every worker process")
         add("--restart-down", type=float, default=d.restart_down,
             help="durable_restart: seconds until a new worker starts")
+        add("--outage", type=float, default=d.outage, help="late_recovery: seconds without a worker")
+        add("--late-stream", type=float, default=d.late_stream,
+            help="late_recovery: seconds of on-time tasks due from the restart")
+        add("--late-work-ms", type=float, default=d.late_work_ms,
+            help="late_recovery: milliseconds each handler waits, as its I/O would (0: a no-op handler)")
         add("--cpu-rate", type=float, default=d.cpu_rate,
             help="durable_cpu: calls per second of each kind (0: as fast as they go)")
         add("--cpu-idle-seconds", type=float, default=d.cpu_idle_seconds,
