@@ -101,6 +101,7 @@ MORE_TABLES = (
 PEER_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "schedule_per_s", "drain_per_s",
                 "idle_qps", "idle_cpu_pct")
 SCHEDULE_LABELS = {"raw_insert": "raw single-row INSERT", "single": "schedule(), due in 1 h (no NOTIFY)",
+                   "single_keyed": 'schedule(), default on_conflict="error", due in 1 h',
                    "single_notify": "schedule(), due in seconds (NOTIFY)",
                    "raw_insert_notify": "raw single-row INSERT + NOTIFY", "raw_copy": "raw COPY",
                    "bulk": "bulk_schedule(), due in 1 h (no NOTIFY)", "bulk_notify": "bulk_schedule(), due in seconds"}

@@ -129,7 +129,7 @@ def _ratio(table, scenario, pair, metric):
 def schedule_ratios(runs) -> dict:
     """schedule variants against the raw baselines of the same repeat."""
     out = {}
-    for variant, raw in (("single", "raw_insert"), ("single_notify", "raw_insert"),
+    for variant, raw in (("single", "raw_insert"), ("single_keyed", "raw_insert"), ("single_notify", "raw_insert"),
                          ("single_notify", "raw_insert_notify"), ("bulk", "raw_copy"), ("bulk_notify", "raw_copy")):
         s = paired(runs, "schedule", variant, raw, "sched_per_s")
         if s:

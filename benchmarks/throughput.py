@@ -28,20 +28,23 @@ import psycopg
 from django.db import connections
 
 from timeouts.conf import get_settings
-from timeouts.store.scheduling import COPY_COLUMNS
 
 from .database import reset
 from .handlers import NOOP
 from .progress import Progress
 from .workload import db_now, schedule_bulk, schedule_each
 
-RAW_INSERT = (f"INSERT INTO timeouts_task ({', '.join(COPY_COLUMNS)}) "
+# What a task needs written; the rest (a trace context, say) is NULL, as for a call without one.
+RAW_COLUMNS = ("biz_type", "biz_id", "action_time", "run_at", "attribute", "max_attempts", "ttr")
+RAW_INSERT = (f"INSERT INTO timeouts_task ({', '.join(RAW_COLUMNS)}) "
               "VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s)")
 RAW_INSERT_NOTIFY = RAW_INSERT + " RETURNING pg_notify(%s, extract(epoch FROM run_at)::text) IS NOT NULL"
-RAW_COPY = f"COPY timeouts_task ({', '.join(COPY_COLUMNS)}) FROM STDIN"
+RAW_COPY = f"COPY timeouts_task ({', '.join(RAW_COLUMNS)}) FROM STDIN"
 
 # (name, notify): the single-row variants, taking turns
-SINGLE_VARIANTS = (("raw_insert", False), ("single", False), ("single_notify", True), ("raw_insert_notify", True))
+# "single_keyed": schedule() with its default on_conflict ("error"), the key's lock and read first.
+SINGLE_VARIANTS = (("raw_insert", False), ("single", False), ("single_notify", True), ("raw_insert_notify", True),
+                   ("single_keyed", False))
 TURNS = 10
 NEVER_NOTIFIED = "NOTIFY_HORIZON is 0: nothing is ever notified"
 # (name, kind, notify) of the bulk variants, in the order they run within a repeat
@@ -93,6 +96,8 @@ def run(ctx, rep) -> dict:
     reset(ctx.conn)
     results["ratios"] = {
         "single_vs_raw_insert": _ratio(results["single"].get("sched_per_s"), results["raw_insert"]["sched_per_s"]),
+        "single_keyed_vs_raw_insert": _ratio(results["single_keyed"].get("sched_per_s"),
+                                             results["raw_insert"]["sched_per_s"]),
         "single_notify_vs_raw_insert": _ratio(results["single_notify"].get("sched_per_s"),
                                               results["raw_insert"]["sched_per_s"]),
         "single_notify_vs_raw_insert_notify": _ratio(results["single_notify"].get("sched_per_s"),
@@ -130,13 +135,13 @@ def _single_row(ctx, listener) -> dict:
                 raw_single(connection.connection, raw_rows[name][first:last],
                            settings.NOTIFY_CHANNEL if notify else None)
             else:
-                schedule_each(ctx.alias, range(first, last), times[name][first:last])
+                schedule_each(ctx.alias, range(first, last), times[name][first:last], keyed=name == "single_keyed")
             seconds[name] += time.perf_counter() - started
         progress.update(last * len(variants))
     progress.finish(n * len(variants))
     notifications = _notifications_by_variant(listener, times)
     apis = {"raw_insert": "raw INSERT (autocommit)", "single": "schedule()", "single_notify": "schedule()",
-            "raw_insert_notify": "raw INSERT + NOTIFY (autocommit)"}
+            "raw_insert_notify": "raw INSERT + NOTIFY (autocommit)", "single_keyed": 'schedule(on_conflict="error")'}
     results = {name: {"sched_api": apis[name], "sched_per_s": round(n / seconds[name]), "n": n, "turns": TURNS,
                       "notifications": notifications[name]} for name in seconds}
     for name, _notify in SINGLE_VARIANTS:

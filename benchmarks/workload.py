@@ -23,8 +23,9 @@ def due_times(scenario, n, *, base, window=0.0, seed=0):
     return [base] * n
 
 
-# The bench schedules with on_conflict=None: the plain INSERT and COPY paths, which its targets and
-# its history compare with raw INSERT and COPY (the default, "error", adds the key's lock and read).
+# The bench schedules with on_conflict=None: the plain INSERT and COPY paths, which its targets
+# compare with raw INSERT and COPY. The default, "error", adds the key's lock and read: the schedule
+# scenario times it beside them (schedule_each(keyed=True)).
 
 
 def _manager(alias):
@@ -51,11 +52,15 @@ def schedule_single(alias, times, *, biz_type=NOOP, label="schedule()", within=n
     return {"sched_api": "schedule()", "sched_per_s": round(len(times) / seconds), "sched_overrun": over}
 
 
-def schedule_each(alias, keys, times, *, biz_type=NOOP):
-    """schedule() once per task, nothing else (the schedule throughput scenario times it)."""
+def schedule_each(alias, keys, times, *, biz_type=NOOP, keyed=False):
+    """schedule() once per task, nothing else (the schedule throughput scenario times it). `keyed`:
+    with the default on_conflict ("error": the key's lock and read), on keys of their own."""
     manager = _manager(alias)
     for key, at in zip(keys, times, strict=True):
-        manager.schedule(biz_type, biz_id=key, at=at, on_conflict=None)
+        if keyed:
+            manager.schedule(biz_type, biz_id=f"keyed-{key}", at=at)
+        else:
+            manager.schedule(biz_type, biz_id=key, at=at, on_conflict=None)
 
 
 def schedule_bulk(alias, times, *, chunk, biz_type=NOOP, within=nullcontext) -> dict:
