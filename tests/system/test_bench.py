@@ -28,7 +28,7 @@ RUN_TIMEOUT = 600  # seconds for the whole run (each scenario's own waits are bo
 
 # Options of every scenario: a tiny run (short windows and leads, a fast scan, short idle, settle and
 # restart times). `--drain-timeout` and `--wait-tail` only bound the waits for starts that do come.
-COMMON = ["--repeat", "1", "--window", "1", "--lead", "2", "--scan-interval", "1", "--wait-tail", "10",
+COMMON = ["--repeat", "1", "--window", "1", "--lead", "2", "--scan-interval", "1", "--wait-tail", "5",
           "--drain-timeout", "120", "--idle-settle", "1", "--idle-seconds", "2", "--memory-settle", "1",
           "--restart-from", "3", "--restart-to", "6", "--restart-kill-at", "4", "--restart-down", "1"]
 # Each test's scenarios and their sizes.
