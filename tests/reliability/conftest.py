@@ -3,7 +3,9 @@
 - `oracle_dsn` (session): the oracle's own database on the shared cluster (the test database's
   server), named `<TIMEOUTS_TEST_DB>_oracle`; created with its tables, dropped at the end.
 - `oracle`: an oracle.Oracle on it, emptied for each test.
-- `sut_database`: a ThrowawayPostgres (migrated) for the system under test; skips without root.
+- `postgres_template` (session): a migrated cluster's data directory, made once (clusters.py).
+- `sut_database`: a ThrowawayPostgres (migrated: a copy of the template) for the system under test;
+  skips without root.
 - `throwaway_redis`: a ThrowawayRedis, for scenarios where the broker must die.
 - `broker_url`: the tests' Redis database (TIMEOUTS_TEST_BROKER_URL), emptied before and after.
 - `system`: a System on `sut_database` + `broker_url` + `oracle`, logging to
@@ -20,7 +22,7 @@ from django.conf import settings
 
 from tests.support.processes import ROOT
 
-from .clusters import ThrowawayPostgres, ThrowawayRedis, postgres_available, redis_available
+from .clusters import CopiedPostgres, PostgresTemplate, ThrowawayRedis, postgres_available, redis_available
 from .oracle import Oracle, Scheduler
 from .system import System
 
@@ -55,11 +57,18 @@ def oracle(oracle_dsn):
     oracle.close()
 
 
-@pytest.fixture
-def sut_database():
+@pytest.fixture(scope="session")
+def postgres_template():
     if not postgres_available():
         pytest.skip("needs root (to run PostgreSQL as the postgres user) and PostgreSQL 15's binaries")
-    with ThrowawayPostgres() as cluster:
+    template = PostgresTemplate()
+    yield template
+    template.destroy()
+
+
+@pytest.fixture
+def sut_database(postgres_template):
+    with CopiedPostgres(postgres_template) as cluster:
         yield cluster
 
 

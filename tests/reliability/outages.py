@@ -1,6 +1,6 @@
 """Helpers of the database and broker outage scenarios (test_database_faults.py, test_broker_faults.py).
 
-- `scaled(n)`: the full sizes times TIMEOUTS_RELIABILITY_SCALE (default 1.0: 20,000 tasks, 30 s outages).
+- `scaled(n)`: the sizes times TIMEOUTS_RELIABILITY_SCALE (default 1.0: the sizes CI runs).
 - `BurstScheduler`: a thread that schedules tasks in chunks through oracle.Scheduler, going on through
   outages (a chunk whose transaction failed is recorded rolled back or unknown, and the next one tries
   again), until `total` tasks committed.

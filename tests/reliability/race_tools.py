@@ -1,8 +1,8 @@
 """Helpers of the race scenarios (test_races*.py): their scale, scheduling tens of thousands of tasks at
 once (recorded in the oracle), lateness statistics, and running a child actor (race_actors.py).
 
-TIMEOUTS_RELIABILITY_SCALE (default 1.0) multiplies every size: 1.0 is the full size (50,000 tasks per
-scenario); 0.1 makes a quick run on a busy machine.
+TIMEOUTS_RELIABILITY_SCALE (default 1.0) multiplies every size: 1.0 is the size CI runs (15,000 tasks
+per race scenario), larger scales a longer race; 0.1 makes a quick run on a busy machine.
 """
 
 import json

@@ -25,7 +25,8 @@ from .race_tools import (
     start_lateness,
 )
 
-DDL_SECONDS = max(15.0, 45 * SCALE)  # maintenance runs round after round this long
+DDL_SECONDS = max(15.0, 20 * SCALE)  # maintenance runs round after round this long
+AFTER_DDL = 15.0  # seconds more of tasks coming due: the DDL window may outrun DDL_SECONDS by a round
 DUE_PER_SECOND = 40  # well under what the worker starts, so lateness measures dispatch, not a backlog
 PARKED_PER_ROUND = scaled(20_000, minimum=500)  # rows parked in DEFAULT, in a past and a future bucket
 DEFAULT_BALLAST = scaled(200_000, minimum=5_000)  # far-future rows that stay in DEFAULT: ATTACH scans them
@@ -42,7 +43,7 @@ def test_partition_maintenance_while_dispatching_loses_nothing_and_delays_little
     system.scanner(interval=1)
     system.wait_worker_ready(worker)
     clock = Stopwatch()
-    span = DDL_SECONDS + 30
+    span = DDL_SECONDS + AFTER_DDL
     start = database_now(system.database_url) + timedelta(seconds=3)
     count = int(span * DUE_PER_SECOND)
     due = [start + timedelta(seconds=span * i / count) for i in range(count)]

@@ -18,7 +18,7 @@ from timeouts.storage import shards
 from timeouts.store.queries import fetch_one
 from timeouts.store.scheduling import prepare
 
-from .clusters import ThrowawayPostgres, postgres_available
+from .clusters import CopiedPostgres
 
 pytestmark = [pytest.mark.reliability, pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
@@ -29,12 +29,10 @@ LEAD, SPREAD = 3.0, 9.0
 
 
 @pytest.fixture
-def clusters():
+def clusters(postgres_template):
     """Throwaway clusters for shard_b and shard_c, migrated; the test database is `default`."""
-    if not postgres_available():
-        pytest.skip("needs root (to run PostgreSQL as the postgres user) and PostgreSQL 15's binaries")
     with ExitStack() as stack:
-        yield {alias: stack.enter_context(ThrowawayPostgres()) for alias in ALIASES[1:]}
+        yield {alias: stack.enter_context(CopiedPostgres(postgres_template)) for alias in ALIASES[1:]}
 
 
 @pytest.fixture

@@ -1,6 +1,11 @@
-"""Smoke test of `manage.py timeouts_bench`: a tiny run end to end, as a user runs it (a child
-process), on a database and a Redis database of its own. It checks the shape of the JSON and that
-no task went missing, ran twice or ran early; the numbers themselves are for the docs (explanation/benchmarks)."""
+"""Smoke test of `manage.py timeouts_bench`: tiny runs end to end, as a user runs it (a child
+process), on a database and a Redis database of its own. Each test checks the shape of the JSON of
+its scenarios and that no task went missing, ran twice or ran early; the numbers themselves are for
+the docs (explanation/benchmarks).
+
+The tests selected in this module share ONE bench run (the module-scoped `bench`), of the scenarios
+they read, each at its own size: the command starts, creates and migrates its database once, and
+every scenario empties the tables and the broker before it runs, as in any run of several scenarios."""
 
 import json
 import os
@@ -14,40 +19,98 @@ from django.core.management import get_commands
 from tests.support.processes import ROOT
 
 # The bench is a development tool: its runs (one_leg) are checked under one Django. Not the Django
-# tasks backend's, whose code differs between Django's versions.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+# tasks backend's, whose code differs between Django's versions. The first test runs the shared bench
+# run in its set-up: the timeout covers it.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(660)]
 
 LATENESS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "early", "start_per_s")
+RUN_TIMEOUT = 600  # seconds for the whole run (each scenario's own waits are bounded by the options below)
+
+# Options of every scenario: a tiny run (short windows and leads, a fast scan, short idle, settle and
+# restart times). `--drain-timeout` and `--wait-tail` only bound the waits for starts that do come.
+COMMON = ["--repeat", "1", "--window", "1", "--lead", "2", "--scan-interval", "1", "--wait-tail", "5",
+          "--drain-timeout", "120", "--idle-settle", "1", "--idle-seconds", "2", "--memory-settle", "1",
+          "--restart-from", "3", "--restart-to", "6", "--restart-kill-at", "4", "--restart-down", "1"]
+# Each test's scenarios and their sizes.
+SCENARIOS = {
+    "test_tiny_run_writes_json_with_every_field_and_loses_nothing": (
+        ("spread", "drain", "publish", "schedule", "idle"),
+        {"n_spread": 50, "n_drain": 50, "n_single": 50, "n_bulk": 50, "n_idle": 50}),
+    "test_durable_task_against_celery_eta_tiny_run": (
+        ("durable_spread", "durable_memory", "durable_restart", "durable_cost"),
+        {"n_durable_spread": 60, "n_durable_memory": 60, "n_durable_restart": 60, "n_durable_cost": 60}),
+    "test_django_tasks_backend_tiny_run": (
+        ("tasks_spread", "tasks_drain", "tasks_enqueue"),
+        {"n_tasks_spread": 60, "n_tasks_drain": 60, "n_tasks_enqueue": 60}),
+    "test_business_isolation_tiny_run": (
+        ("isolation_neighbour", "isolation_cost"),
+        {"n_backlog": 300, "n_isolation_spread": 300, "n_claim": 300}),
+    "test_rate_limit_tiny_run": (("isolation_rate",), {"n_rate": 300}),
+}
 
 
-def run_bench(tmp_path, *args, timeout=220):
+def bench_command(test_names, database, json_path):
+    """The command line of one run of the scenarios of these tests."""
+    scenarios, sizes = [], {}
+    for name in test_names:
+        names, own_sizes = SCENARIOS[name]
+        scenarios += names
+        sizes.update(own_sizes)
+    paths = ["scan", "celery"] + (["dispatcher"] if "timeouts_dispatcher" in get_commands() else [])
+    size_options = [option for name, n in sizes.items() for option in (f"--{name.replace('_', '-')}", str(n))]
+    return [sys.executable, "-m", "django", "timeouts_bench", "--database", database,
+            "--broker-url", settings.CELERY_BROKER_URL, "--json", str(json_path), "--scenarios", ",".join(scenarios),
+            "--paths", ",".join(paths), *COMMON, *size_options]
+
+
+@pytest.fixture(scope="module")
+def bench(request, tmp_path_factory):
+    """(JSON result, stdout) of one bench run of the scenarios of this module's selected tests."""
+    from benchmarks import tasks_backend
+
+    selected = [item.originalname for item in request.session.items
+                if item.module is request.module and item.originalname in SCENARIOS]
+    if not tasks_backend.available():  # its test skips: the bench would refuse its scenarios
+        selected = [name for name in selected if name != "test_django_tasks_backend_tiny_run"]
     db = settings.DATABASES["default"]
     test_db = db.get("TEST", {}).get("NAME") or f"test_{db['NAME']}"
     url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{test_db}"
     env = {k: v for k, v in os.environ.items() if k not in ("CELERY_BROKER_URL", "PYTHONPATH")}
     # project.settings, whose own broker (CELERY_BROKER_URL, unset here) the bench must not use.
     env.update(DJANGO_SETTINGS_MODULE="project.settings", DATABASE_URL=url, PYTHONPATH=str(ROOT))
-    out = tmp_path / "bench.json"
-    command = [sys.executable, "-m", "django", "timeouts_bench", "--database", f"{test_db}_run",
-               "--broker-url", settings.CELERY_BROKER_URL, "--json", str(out), *args]
-    done = subprocess.run(command, check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    out = tmp_path_factory.mktemp("bench") / "bench.json"
+    command = bench_command(selected, f"{test_db}_run", out)
+    done = subprocess.run(command, check=False, env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text()), done.stdout
 
 
+def runs_of(result) -> dict:
+    return {(r["scenario"], r["path"]): r for r in result["runs"]}
+
+
+def failures(result, scenarios) -> list:
+    """The run's notes of a failure, but those of the other tests' scenarios (each test sees its own)."""
+    others = {name for names, _sizes in SCENARIOS.values() for name in names} - set(scenarios)
+    return [note for note in result["notes"] if "failed" in note and note.split("/")[0] not in others]
+
+
+def target_scenarios(result, scenarios) -> set:
+    return {t["scenario"] for t in result["targets"] if t["scenario"] in scenarios}
+
+
 @pytest.mark.one_leg
-def test_tiny_run_writes_json_with_every_field_and_loses_nothing(tmp_path):
+def test_tiny_run_writes_json_with_every_field_and_loses_nothing(bench):
+    result, stdout = bench
+    scenarios = ("spread", "drain", "publish", "schedule", "idle")
     dispatcher = "timeouts_dispatcher" in get_commands()
     paths = ["scan", "celery"] + (["dispatcher"] if dispatcher else [])
-    result, stdout = run_bench(
-        tmp_path, "--scenarios", "spread,drain,publish,schedule,idle", "--paths", ",".join(paths), "--repeat", "1",
-        "--n", "50", "--window", "1", "--lead", "2", "--scan-interval", "1",
-        "--idle-settle", "1", "--idle-seconds", "2")
 
-    assert not [note for note in result["notes"] if "failed" in note], result["notes"]
+    assert not failures(result, scenarios), result["notes"]
     for key in ("nproc", "ram_gb", "loadavg_start", "postgresql", "redis", "python", "celery", "psycopg"):
         assert result["machine"][key] is not None, key
-    runs = {(r["scenario"], r["path"]): r for r in result["runs"]}
+    runs = runs_of(result)
     for scenario in ("spread", "drain"):
         for path in paths:
             run = runs[(scenario, path)]
@@ -67,7 +130,7 @@ def test_tiny_run_writes_json_with_every_field_and_loses_nothing(tmp_path):
     for path in ["scan"] + (["dispatcher"] if dispatcher else []):
         assert runs[("idle", path)]["idle_qps"] is not None
         assert runs[("idle", path)]["idle_cpu_pct"] is not None
-    assert {t["scenario"] for t in result["targets"]} == {"spread", "drain", "publish", "schedule", "idle"}
+    assert target_scenarios(result, scenarios) == set(scenarios)
     assert "Lateness" in stdout and "Targets" in stdout
     # Each run says how much CPU time the hypervisor took meanwhile: these VMs are noisy.
     assert "steal %" in stdout and all(0 <= r["cpu_steal_pct"] <= 100 for r in result["runs"])
@@ -76,16 +139,12 @@ def test_tiny_run_writes_json_with_every_field_and_loses_nothing(tmp_path):
 
 
 @pytest.mark.one_leg
-@pytest.mark.timeout(400)
-def test_durable_task_against_celery_eta_tiny_run(tmp_path):
-    result, stdout = run_bench(
-        tmp_path, "--scenarios", "durable_spread,durable_memory,durable_restart,durable_cost", "--repeat", "1",
-        "--n", "60", "--window", "1", "--lead", "2", "--scan-interval", "1", "--wait-tail", "5",
-        "--restart-from", "3", "--restart-to", "6", "--restart-kill-at", "4", "--restart-down", "1",
-        "--memory-settle", "1", timeout=380)
+def test_durable_task_against_celery_eta_tiny_run(bench):
+    result, stdout = bench
+    scenarios = ("durable_spread", "durable_memory", "durable_restart", "durable_cost")
 
-    assert not [note for note in result["notes"] if "failed" in note], result["notes"]
-    runs = {(r["scenario"], r["path"]): r for r in result["runs"]}
+    assert not failures(result, scenarios), result["notes"]
+    runs = runs_of(result)
     for variant in ("durable", "celery_eta"):
         spread = runs[("durable_spread", variant)]
         assert spread["n"] == spread["started"] == 60, spread
@@ -106,22 +165,20 @@ def test_durable_task_against_celery_eta_tiny_run(tmp_path):
     assert eta["missing"] > 0 and eta["waiting"] > 0, eta
     assert set(result["ratios"]["durable_spread"]["durable/celery_eta"]) == {"p50_ms", "p99_ms", "max_ms"}
     assert result["ratios"]["durable_memory"]["durable/idle"]["rss_mb"]["median"] > 0
-    assert {t["scenario"] for t in result["targets"]} == {"durable_spread", "durable_memory", "durable_restart"}
+    assert target_scenarios(result, scenarios) == {"durable_spread", "durable_memory", "durable_restart"}
     assert "durable_restart" in stdout and "DurableTask" in stdout
 
 
-@pytest.mark.timeout(300)
-def test_django_tasks_backend_tiny_run(tmp_path):
+def test_django_tasks_backend_tiny_run(request):
     from benchmarks import tasks_backend
 
     if not tasks_backend.available():
         pytest.skip("timeouts.backends.TimeoutsBackend or Django's tasks framework is not importable")
-    result, stdout = run_bench(
-        tmp_path, "--scenarios", "tasks_spread,tasks_drain,tasks_enqueue", "--repeat", "1", "--n", "60",
-        "--window", "1", "--lead", "2", timeout=280)
+    result, stdout = request.getfixturevalue("bench")
+    scenarios = ("tasks_spread", "tasks_drain", "tasks_enqueue")
 
-    assert not [note for note in result["notes"] if "failed" in note], result["notes"]
-    runs = {(r["scenario"], r["path"]): r for r in result["runs"]}
+    assert not failures(result, scenarios), result["notes"]
+    runs = runs_of(result)
     for scenario in ("tasks_spread", "tasks_drain"):
         run = runs[(scenario, "timeouts")]
         assert run["n"] == run["started"] == 60, run
@@ -137,14 +194,11 @@ def test_django_tasks_backend_tiny_run(tmp_path):
 
 
 @pytest.mark.one_leg
-@pytest.mark.timeout(300)
-def test_business_isolation_tiny_run(tmp_path):
-    result, stdout = run_bench(
-        tmp_path, "--scenarios", "isolation_neighbour,isolation_cost", "--repeat", "1", "--n", "300",
-        "--window", "1", "--lead", "2", timeout=280)
+def test_business_isolation_tiny_run(bench):
+    result, stdout = bench
 
-    assert not [note for note in result["notes"] if "failed" in note], result["notes"]
-    runs = {(r["scenario"], r["path"]): r for r in result["runs"]}
+    assert not failures(result, ("isolation_neighbour", "isolation_cost")), result["notes"]
+    runs = runs_of(result)
     for variant in ("spread_alone", "together"):
         run = runs[("isolation_neighbour", variant)]
         assert run["n"] == run["started"] == 300, run
@@ -159,11 +213,10 @@ def test_business_isolation_tiny_run(tmp_path):
 
 
 @pytest.mark.one_leg
-@pytest.mark.timeout(200)
-def test_rate_limit_tiny_run(tmp_path):
-    result, _ = run_bench(tmp_path, "--scenarios", "isolation_rate", "--repeat", "1", "--n", "300", "--lead", "2",
-                          "--drain-timeout", "60", timeout=180)
+def test_rate_limit_tiny_run(bench):
+    result, _ = bench
 
-    rate = {(r["scenario"], r["path"]): r for r in result["runs"]}[("isolation_rate", "limited")]
+    assert not failures(result, ("isolation_rate",)), result["notes"]
+    rate = runs_of(result)[("isolation_rate", "limited")]
     assert rate["n"] == rate["started"] == 300 and rate["missing"] == rate["duplicates"] == rate["early"] == 0, rate
     assert 1 <= rate["max_per_1s"] <= 300 and rate["start_span_s"] > 0

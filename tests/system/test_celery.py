@@ -76,8 +76,8 @@ def test_a_true_cancel_racing_dispatch_never_runs(worker, starts):
 
 
 @pytest.mark.timeout(480)
-def test_ten_thousand_due_tasks_two_scanners_each_handler_starts_once(worker, starts):
-    count = 10_000
+def test_thousands_of_due_tasks_two_scanners_each_handler_starts_once(worker, starts):
+    count = 3_000  # due at one instant: the scanners race over every claim of the backlog
     at = datetime.now(UTC) + timedelta(seconds=2)
     TimeoutTask.objects.bulk_schedule([{"biz_type": "test.record", "biz_id": i, "at": at} for i in range(count)])
     errors = []

@@ -119,8 +119,10 @@ def test_a_rolled_back_schedule_never_notifies_and_never_runs(worker, starts):
 
 
 @pytest.mark.timeout(540)
-def test_ten_thousand_tasks_two_dispatchers_and_the_scan_start_each_handler_once(worker, starts):
-    count = 10_000
+def test_thousands_of_tasks_two_dispatchers_and_the_scan_start_each_handler_once(worker, starts):
+    # Due at one instant: the claimers race over every claim of the backlog (tests/reliability's
+    # claim race does so at five times the size, with backpressure).
+    count = 3_000
     errors = []
     stop = threading.Event()
 
