@@ -46,6 +46,14 @@ SCENARIOS = {
         ("isolation_neighbour", "isolation_cost"),
         {"n_backlog": 300, "n_isolation_spread": 300, "n_claim": 300}),
     "test_rate_limit_tiny_run": (("isolation_rate",), {"n_rate": 300}),
+    "test_durable_task_cpu_per_call_tiny_run": (
+        ("durable_cpu",), {"n_durable_cpu": 40, "cpu_rate": 100, "cpu_idle_seconds": 1}),
+    "test_debounce_against_replace_tiny_run": (
+        ("debounce",), {"n_debounce": 100, "debounce_calls": 3, "debounce_writers": 2, "debounce_block": 50,
+                        "debounce_delay": 2, "debounce_max_wait": 3}),
+    # An 8 s outage: skippable tasks due in its first seconds are over 5 s late when the worker is back.
+    "test_late_recovery_tiny_run": (("late_recovery",), {"n_late": 200, "outage": 8, "late_stream": 10}),
+    "test_tracing_on_against_off_tiny_run": (("tracing",), {}),
 }
 
 
@@ -122,7 +130,8 @@ def test_tiny_run_writes_json_with_every_field_and_loses_nothing(bench):
     assert runs[("drain", "scan")]["claim_per_s"] is None  # 50 tasks are one claim: no rate
     for path in paths:
         assert runs[("publish", path)]["claimed"] == 50, runs[("publish", path)]
-    for variant in ("raw_insert", "single", "single_notify", "raw_insert_notify", "raw_copy", "bulk", "bulk_notify"):
+    for variant in ("raw_insert", "single", "single_keyed", "single_notify", "raw_insert_notify", "raw_copy", "bulk",
+                    "bulk_notify"):
         assert runs[("schedule", variant)]["sched_per_s"] > 0
     assert runs[("schedule", "single_notify")]["notifications"] >= 1
     assert runs[("schedule", "raw_insert_notify")]["notifications"] >= 1
@@ -220,3 +229,72 @@ def test_rate_limit_tiny_run(bench):
     rate = runs_of(result)[("isolation_rate", "limited")]
     assert rate["n"] == rate["started"] == 300 and rate["missing"] == rate["duplicates"] == rate["early"] == 0, rate
     assert 1 <= rate["max_per_1s"] <= 300 and rate["start_span_s"] > 0
+
+
+@pytest.mark.one_leg
+def test_durable_task_cpu_per_call_tiny_run(bench):
+    result, stdout = bench
+
+    assert not failures(result, ("durable_cpu",)), result["notes"]
+    runs = runs_of(result)
+    for variant in ("durable", "celery_plain"):
+        run = runs[("durable_cpu", variant)]
+        assert "error" not in run, run
+        assert (run["missing"], run["duplicates"]) == (0, 0), run
+        assert run["total_ms"] is not None and run["worker_pool_ms"] is not None, run
+    assert runs[("durable_cpu", "durable")]["dispatcher_ms"] is not None
+    assert "total_ms" in result["ratios"]["durable_cpu"]["durable/celery_plain"]
+    assert target_scenarios(result, ("durable_cpu",)) == {"durable_cpu"}
+    assert "plain Celery message" in stdout
+
+
+@pytest.mark.one_leg
+def test_debounce_against_replace_tiny_run(bench):
+    result, _ = bench
+
+    assert not failures(result, ("debounce",)), result["notes"]
+    runs = runs_of(result)
+    for variant in ("replace", "debounce"):
+        run = runs[("debounce", variant)]
+        assert run["missing"] == run["duplicates"] == run["early"] == run["cancelled_started"] == 0, run
+        assert run["keys_run_once"] == 100 and run["calls_per_s"] > 0, run
+    assert runs[("debounce", "debounce")]["over_cap"] == 0
+    assert target_scenarios(result, ("debounce",)) == {"debounce"}
+
+
+@pytest.mark.one_leg
+def test_late_recovery_tiny_run(bench):
+    result, stdout = bench
+
+    assert not failures(result, ("late_recovery",)), result["notes"]
+    runs = runs_of(result)
+    for variant in ("policy", "no_policy"):
+        run = runs[("late_recovery", variant)]
+        assert run["n"] == 400, run  # 200 due in the outage, 10 s of the stream at 20/s
+        assert run["missing"] == run["duplicates"] == run["early"] == 0, run
+        assert run["skip_errors"] == run["run_over_policy"] == 0, run
+        assert run["recovery_s"] is not None and run["back_s"] > 0, run
+    assert runs[("late_recovery", "policy")]["skipped"] > 0
+    assert runs[("late_recovery", "no_policy")]["skipped"] == 0
+    assert target_scenarios(result, ("late_recovery",)) == {"late_recovery"}
+    assert "late_recovery" in stdout
+
+
+@pytest.mark.one_leg
+def test_tracing_on_against_off_tiny_run(bench):
+    pytest.importorskip("opentelemetry.sdk")
+    result, _ = bench
+
+    assert not failures(result, ("tracing",)), result["notes"]
+    runs = runs_of(result)
+    for variant in ("off", "on"):
+        run = runs[("tracing", variant)]
+        assert run["n"] == run["started"] > 0, run
+        assert run["missing"] == run["duplicates"] == run["early"] == 0, run
+        assert run["drain_missing"] == run["drain_duplicates"] == run["drain_early"] == 0, run
+        assert run["p99_ms"] is not None and run["drain_per_s"] > 0, run
+    assert runs[("tracing", "off")]["traced"] == 0
+    on = runs[("tracing", "on")]
+    # Every task stored its context; each one's schedule, dispatch and run spans were exported.
+    assert on["traced"] == 2 * on["n"] and on["spans"] >= on["n"] + 2 * on["traced"], on
+    assert {"p99_ms", "drain_per_s"} <= set(result["ratios"]["tracing"]["on/off"])
