@@ -1,7 +1,20 @@
 """What the health tests share: the claimers' notes (timeouts_last_claims) emptied, or written as if
-a claimer had claimed some time ago."""
+a claimer had claimed some time ago; the command run in this process."""
 
+import io
+
+from django.core.management import call_command
 from django.db import connections
+
+
+def run(*args):
+    """(exit status, stdout, stderr) of `manage.py timeouts_health *args`."""
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        call_command("timeouts_health", *args, stdout=out, stderr=err)
+    except SystemExit as exc:
+        return exc.code, out.getvalue(), err.getvalue()
+    return 0, out.getvalue(), err.getvalue()
 
 
 def forget_claims(aliases=("default",)):

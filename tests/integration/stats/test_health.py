@@ -3,17 +3,15 @@ that wait too long, nothing claiming while tasks are due and missing partitions 
 line that says so; a paused biz_type's tasks are not late; the liveness and readiness probes run
 their own checks. The checks read on connections of their own, so every test commits."""
 
-import io
 import json
 import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.core.management import call_command
 from django.db import connection
 
 import timeouts
-from tests.integration.stats.claims_noted import claimed, forget_claims
+from tests.integration.stats.claims_noted import claimed, forget_claims, run
 from tests.support.isolation import no_limits  # noqa: F401 (a fixture)
 from timeouts.conf import get_settings
 from timeouts.dispatch.scan import scan
@@ -35,16 +33,6 @@ def no_claims_noted(transactional_db, monkeypatch):
 
 def due(biz_id, ago, biz_type="test.record"):
     return timeouts.schedule(biz_type, biz_id, at=datetime.now(UTC) - ago)
-
-
-def run(*args):
-    """(exit status, stdout, stderr) of the command."""
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        call_command("timeouts_health", *args, stdout=out, stderr=err)
-    except SystemExit as exc:
-        return exc.code, out.getvalue(), err.getvalue()
-    return 0, out.getvalue(), err.getvalue()
 
 
 def test_a_healthy_deployment_exits_0_with_one_line():

@@ -2,18 +2,16 @@
 own, a shard that is down or does not answer is reported within the timeout while the others are
 still checked, and the liveness probe does not fail for a shard it cannot read."""
 
-import io
 import re
 import socket
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.core.management import call_command
 from django.db import connections
 
 import timeouts
-from tests.integration.stats.claims_noted import claimed, forget_claims
+from tests.integration.stats.claims_noted import claimed, forget_claims, run
 from tests.support.shards import ALIASES, key_on, three_shards, unreachable  # noqa: F401 (an autouse fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True, databases=ALIASES), pytest.mark.timeout(60)]
@@ -24,15 +22,6 @@ def no_claims_noted(transactional_db):
     forget_claims(ALIASES)
     yield
     forget_claims(ALIASES)
-
-
-def run(*args):
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        call_command("timeouts_health", *args, stdout=out, stderr=err)
-    except SystemExit as exc:
-        return exc.code, out.getvalue(), err.getvalue()
-    return 0, out.getvalue(), err.getvalue()
 
 
 def late_on(alias, minutes=5):
