@@ -43,7 +43,7 @@ from collections import deque
 from celery import bootsteps
 from celery.signals import task_received, worker_init
 
-from timeouts import kinds
+from timeouts import registry
 from timeouts.dispatch.publishing import args_repr
 from timeouts.protocol import RETRY_POLICY, RUN, RUN_BATCH
 from timeouts.worker import celery_internals
@@ -102,7 +102,7 @@ class OnTimeFirst(bootsteps.Step):
 
     def create(self, worker):
         global _intake
-        intake = _Intake(worker, kinds.request_classes())
+        intake = _Intake(worker, registry.request_classes())
         if celery_internals.take_requests(worker, intake.take):
             _intake = intake
 
@@ -116,7 +116,7 @@ class _Intake:
 
     def __init__(self, worker, kinds_requests=()):
         self.worker, self.semaphore = worker, worker.semaphore
-        # The Request classes of the kinds that publish their own messages (kinds.Kind.request_class).
+        # The Request classes of the kinds that publish their own messages (registry.Kind.request_class).
         self.kinds_requests = tuple(kinds_requests)
         self.on_time = []  # _Waiter, by ETA; those due at one instant in the order they came
         self.rest = deque()  # every other request

@@ -17,9 +17,9 @@ from tests.support import processes
 from tests.support.isolation import no_limits  # noqa: F401  (a fixture)
 from tests.testapp import tasks as durable_tasks
 from tests.testapp.recorder import record
-from timeouts import events, lateness, registry
+from timeouts import events, registry
 from timeouts.dispatch.claiming import claim_due
-from timeouts.limiting import controls
+from timeouts.limiting import controls, lateness
 from timeouts.migrations import read_sql_file
 from timeouts.models import TimeoutTask
 from timeouts.store import attempts, queries
