@@ -197,7 +197,7 @@ def test_a_start_ahead_that_is_late_is_refused_and_ends_the_task(heard):
 def test_the_text_the_start_writes_is_the_one_lateness_reads():
     for name in ("start_task", "finish_then_start_task"):  # written, and read for a requeue
         assert queries.QUERIES[name].count(f"'{lateness.NOT_RUN}") == 2
-    assert f"last_error LIKE '{lateness.NOT_RUN}%'" in read_sql_file("0004_lateness.sql")  # the admin's index
+    assert f"last_error LIKE '{lateness.NOT_RUN}%'" in read_sql_file("0001_tasks.sql")  # the admin's index
 
 
 # --- Races with a cancel, on separate connections ------------------------------------------------------
