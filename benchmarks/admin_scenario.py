@@ -11,7 +11,7 @@ warm-up each. It drops the database at the end unless `keep`.
 
 Loading is one INSERT .. SELECT generate_series per day with the secondary indexes dropped and
 rebuilt afterwards (much faster than maintaining them row by row); the rebuild times are reported
-too, as they are what migration 0003 costs on a table of that size.
+too, as they are what adding each index to a table of that size would cost.
 """
 
 import argparse

@@ -188,7 +188,7 @@ def claim_sql_before(root, repo=None, commit=None) -> tuple[str, str]:
 
 
 def _cost(ctx, rep) -> dict:
-    from timeouts import kinds
+    from timeouts import registry
     from timeouts.conf import get_settings, notify_params
     from timeouts.states import substitute
     from timeouts.store.queries import parse
@@ -199,7 +199,7 @@ def _cost(ctx, rep) -> dict:
     current = parse((ctx.cwd / CLAIMS_SQL).read_text())["claim_due"]
     batch = get_settings().SCAN_BATCH_SIZE
     values = {"limit": batch, "lead": 0.0, "max_dispatched": cfg.n_claim + 1, "shard_index": 0, "shard_count": 1,
-              "attribute_prefixes": list(kinds.attribute_prefixes()), **notify_params()}
+              "attribute_prefixes": list(registry.attribute_prefixes()), **notify_params()}
     queries = {"current": substitute(current), "previous": substitute(previous)}
     for name, sql in queries.items():
         unknown = sorted(set(PARAM.findall(sql)) - set(values))

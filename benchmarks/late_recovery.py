@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import timeouts
-from timeouts.lateness import ended_late
+from timeouts.limiting.lateness import ended_late
 from timeouts.states import Status
 
 from . import machine, stats

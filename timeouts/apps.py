@@ -8,7 +8,7 @@ class TimeoutsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        # The kinds of work of timeouts' extensions (timeouts.kinds), which register themselves as
+        # The kinds of work of timeouts' extensions (timeouts.registry), which register themselves as
         # they load: before the project's handlers, which may not take their biz_types.
         from timeouts.backends import queues  # noqa: F401
         from timeouts.durable import calls  # noqa: F401

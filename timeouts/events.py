@@ -10,7 +10,8 @@
 - `on_late`: for "late" only (else None), the lateness policy that applied: "run", "skip" or "dead".
 
 "late" is an attempt that started later than its biz_type's lateness policy allows
-(timeouts.lateness). A "skip" or "dead" one ended its task: it is counted as "cancelled" or "dead" too.
+(timeouts.limiting.lateness). A "skip" or "dead" one ended its task: it is counted as "cancelled"
+or "dead" too.
 
 It is sent once the transaction that made the change has committed (at once in autocommit mode,
 which is how the scan, the dispatcher and the workers run), so a rolled-back schedule or cancel

@@ -8,7 +8,8 @@ timeouts.events: connect(), which TimeoutsConfig.ready() calls):
 
 the histogram `timeouts_lateness_seconds` (started_at - action_time of first attempts), and
 `timeouts_late_total`, labelled biz_type and on_late ("run", "skip", "dead"): attempts that started
-later than their biz_type's lateness policy allows (timeouts.lateness), by what became of them.
+later than their biz_type's lateness policy allows (timeouts.limiting.lateness), by what became of
+them.
 Gauges, read from the database when scraped (bounded, indexed queries; above 100,000 rows the two
 counts are the planner's estimates):
 

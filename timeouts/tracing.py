@@ -16,7 +16,7 @@ provider that avoids it.
 
 from contextlib import contextmanager, nullcontext
 
-from timeouts import kinds
+from timeouts import registry
 
 try:
     from opentelemetry import trace
@@ -28,7 +28,7 @@ except ImportError:  # the `otel` extra is not installed
 # How the attributes are named: timeouts' own namespace, as OpenTelemetry's conventions ask of a library.
 BIZ_TYPE, BIZ_ID, JOB_ID, ATTEMPT = "timeouts.biz_type", "timeouts.biz_id", "timeouts.job_id", "timeouts.attempt"
 LATENESS, KIND, OUTCOME = "timeouts.lateness_ms", "timeouts.kind", "timeouts.outcome"
-# The kind of a handler's task (the kinds extensions add have labels of their own: kinds.py).
+# The kind of a handler's task (the kinds of work extensions add have labels of their own: registry.Kind).
 HANDLER_KIND = "handler"
 
 if trace is not None:
@@ -81,7 +81,7 @@ def _tracer():
 
 
 def _kind(biz_type: str) -> str:
-    kind = kinds.of(biz_type)
+    kind = registry.kind_of(biz_type)
     return HANDLER_KIND if kind is None else kind.label
 
 

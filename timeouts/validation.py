@@ -35,6 +35,8 @@ DEFAULT_ON_CONFLICT = "error"
 MIN_RATE_LIMIT = 1 / 86400
 MAX_RATE_LIMIT = 1_000_000.0
 MAX_CONCURRENCY = 1_000_000
+# What becomes of an attempt that starts later than its max_lateness (timeouts.limiting.lateness).
+ON_LATE = ("run", "skip", "dead")
 
 
 def biz_id(value) -> str:
@@ -204,3 +206,17 @@ def check_concurrency(value, error):
         raise error(f"concurrency must be None or an integer of at least 1 and at most {MAX_CONCURRENCY}, "
                     f"got {describe(value)}")
     return value
+
+
+def check_lateness_policy(max_lateness, on_late, error) -> tuple[timedelta | None, str]:
+    """A lateness policy (timeouts.limiting.lateness): (max_lateness, on_late) as given, or
+    `error(message)` naming what is wrong with them."""
+    if max_lateness is not None and (not isinstance(max_lateness, timedelta) or max_lateness <= timedelta(0)):
+        shown = repr(max_lateness) if isinstance(max_lateness, timedelta) else describe(max_lateness)
+        raise error(f"max_lateness must be a positive timedelta or None (no limit), got {shown}")
+    if not isinstance(on_late, str) or on_late not in ON_LATE:
+        raise error(f"on_late must be 'run', 'skip' or 'dead', got {describe(on_late)}")
+    if on_late != "run" and max_lateness is None:
+        raise error(f"on_late={on_late!r} needs a max_lateness: how late a start may come before the task "
+                    f"is {'skipped' if on_late == 'skip' else 'made dead'} instead")
+    return max_lateness, on_late

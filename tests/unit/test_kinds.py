@@ -1,4 +1,4 @@
-"""Kinds of work (timeouts.kinds): the core knows its extensions only through their registered kinds."""
+"""Kinds of work (timeouts.registry): the core knows its extensions only through their kinds."""
 
 import ast
 import re
@@ -8,7 +8,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 import timeouts
-from timeouts import kinds, registry
+from timeouts import registry
 from timeouts.backends import queues
 from timeouts.durable import calls
 from timeouts.errors import InvalidBizType, UnknownBizType
@@ -25,10 +25,10 @@ def publish(app, claims, producer, retry_policy, eta_headroom):
 @pytest.fixture
 def kind():
     """A kind of the tests' own, forgotten afterwards."""
-    registered = kinds.register(kinds.Kind("test-kind:", "test kind", "the test's own", claim_returns_attribute=True,
-                                           publish=publish))
+    registered = registry.register_kind(registry.Kind("test-kind:", "test kind", "the test's own",
+                                                      claim_returns_attribute=True, publish=publish))
     yield registered
-    kinds.unregister(registered)
+    registry.unregister_kind(registered)
     registry.unregister("test-kind-owner")
 
 
@@ -79,7 +79,7 @@ def _names_reached(text: str, path: Path) -> set[str]:
 
 def test_no_module_outside_the_extensions_imports_one():
     """The core (store, dispatch, worker, limiting, storage, stats, and the modules beside them)
-    reaches DurableTask and the tasks backend only through their kinds (kinds.Kind)."""
+    reaches DurableTask and the tasks backend only through their kinds (registry.Kind)."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         if path in WIRING or any(path.is_relative_to(folder) for folder in EXTENSIONS.values()):
@@ -103,41 +103,41 @@ def test_the_import_check_sees_every_way_of_naming_an_extension():
 def test_the_extensions_register_their_kinds_as_they_load():
     from timeouts.durable.starts import StartingRequest
 
-    assert kinds.of(calls.biz_type_for("shop.tasks.charge")) is calls.KIND
-    assert kinds.of(queues.biz_type_for("default", "emails")) is queues.KIND
-    assert kinds.of("shop.charge") is None
+    assert registry.kind_of(calls.biz_type_for("shop.tasks.charge")) is calls.KIND
+    assert registry.kind_of(queues.biz_type_for("default", "emails")) is queues.KIND
+    assert registry.kind_of("shop.charge") is None
     assert calls.KIND.claim_returns_attribute and calls.KIND.publish is not None
     assert not queues.KIND.claim_returns_attribute and queues.KIND.publish is None  # run as handlers' tasks
-    assert kinds.attribute_prefixes() == [calls.PREFIX]
-    assert kinds.publishing_prefixes() == (calls.PREFIX,)
-    assert kinds.request_classes() == (StartingRequest,)  # a worker's main process starts its calls ahead
+    assert registry.attribute_prefixes() == [calls.PREFIX]
+    assert registry.publishing_prefixes() == (calls.PREFIX,)
+    assert registry.request_classes() == (StartingRequest,)  # a worker's main process starts its calls ahead
 
 
 def test_a_kind_registered_again_replaces_itself(kind):
-    again = kinds.register(kinds.Kind("test-kind:", "test kind", "the test's own"))
-    assert kinds.of("test-kind:x") is again
-    assert kinds.attribute_prefixes() == [calls.PREFIX]  # derived from the kind now registered
-    assert kinds.publishing_prefixes() == (calls.PREFIX,)
-    kinds.register(kind)
-    assert kinds.attribute_prefixes() == [calls.PREFIX, "test-kind:"]
+    again = registry.register_kind(registry.Kind("test-kind:", "test kind", "the test's own"))
+    assert registry.kind_of("test-kind:x") is again
+    assert registry.attribute_prefixes() == [calls.PREFIX]  # derived from the kind now registered
+    assert registry.publishing_prefixes() == (calls.PREFIX,)
+    registry.register_kind(kind)
+    assert registry.attribute_prefixes() == [calls.PREFIX, "test-kind:"]
 
 
 @pytest.mark.parametrize("prefix", ["test-kind:", "test-kind:sub:", "test-"])
 def test_another_kind_may_not_take_a_prefix_that_overlaps_one(kind, prefix):
     with pytest.raises(ImproperlyConfigured, match="overlaps the prefix 'test-kind:' of the kind 'test kind'"):
-        kinds.register(kinds.Kind(prefix, "another kind", "another's"))
-    assert kinds.of("test-kind:x") is kind
+        registry.register_kind(registry.Kind(prefix, "another kind", "another's"))
+    assert registry.kind_of("test-kind:x") is kind
 
 
 def test_a_label_names_one_kind(kind):
     with pytest.raises(ImproperlyConfigured, match="already labelled 'test kind'"):
-        kinds.register(kinds.Kind("test-other:", "test kind", "another's"))
+        registry.register_kind(registry.Kind("test-other:", "test kind", "another's"))
 
 
 @pytest.mark.parametrize("prefix", ["", "has space", "x" * 33, None])
 def test_a_bad_prefix_is_refused(prefix):
     with pytest.raises(ImproperlyConfigured, match="prefix must be 1 to 32 characters"):
-        kinds.register(kinds.Kind(prefix, "test bad", "none"))
+        registry.register_kind(registry.Kind(prefix, "test bad", "none"))
 
 
 @pytest.mark.parametrize("biz_type, says", [
@@ -159,8 +159,8 @@ def test_a_kind_is_refused_when_a_handler_has_one_of_its_biz_types():
     timeouts.handler("test-kind-owner")(lambda task: None)
     try:
         with pytest.raises(ImproperlyConfigured, match="handlers are registered for 'test-kind-owner'"):
-            kinds.register(kinds.Kind("test-kind-", "test kind", "the test's own"))
-        assert kinds.of("test-kind-owner") is None
+            registry.register_kind(registry.Kind("test-kind-", "test kind", "the test's own"))
+        assert registry.kind_of("test-kind-owner") is None
     finally:
         registry.unregister("test-kind-owner")
 
@@ -175,9 +175,9 @@ def test_every_biz_type_of_a_kind_is_known_others_need_a_handler(kind):
 
 
 def test_noted_biz_types_are_listed_by_their_kind_s_label(kind):
-    kinds.note("test-kind:listed")
-    assert kinds.noted()["test kind"] == {"test-kind:listed"}
+    registry.note_of_kind("test-kind:listed")
+    assert registry.noted_of_kinds()["test kind"] == {"test-kind:listed"}
     with pytest.raises(ValueError, match="of no registered kind"):
-        kinds.note("test.unkinded")
-    kinds.unregister(kind)
-    assert "test kind" not in kinds.noted()
+        registry.note_of_kind("test.unkinded")
+    registry.unregister_kind(kind)
+    assert "test kind" not in registry.noted_of_kinds()

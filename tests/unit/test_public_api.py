@@ -39,7 +39,7 @@ def functions_of(obj):
 
 def test_dir_lists_the_public_names_only():
     assert set(dir(timeouts)) == {*timeouts.__all__, "__version__"}
-    for internal in ("errors", "registry", "limiting", "validation", "kinds", "store", "storage"):
+    for internal in ("errors", "registry", "limiting", "validation", "store", "storage"):
         assert internal not in dir(timeouts)
 
 

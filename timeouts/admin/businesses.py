@@ -22,13 +22,14 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 
-from timeouts import lateness, registry, stats
+from timeouts import registry, stats
 from timeouts.admin import charts, control
 from timeouts.errors import InvalidOption, TimeoutsError
 from timeouts.limiting import policies
 from timeouts.models import TimeoutTask
 from timeouts.storage import shards
 from timeouts.store import clock
+from timeouts.validation import ON_LATE
 
 PERMISSION = "timeouts.change_limits"
 
@@ -133,7 +134,7 @@ def businesses_view(model_admin, request):
         "overdue_limit": f"{stats.OVERDUE_LIMIT:,}",
         "legend": charts.legend(),
         "can_change": can_change,
-        "on_late_choices": lateness.ON_LATE,
+        "on_late_choices": ON_LATE,
         "shards": aliases if len(aliases) > 1 else (),
         "shard": shard,
     }

@@ -10,7 +10,8 @@ from django.contrib import admin
 from django.db.models.functions import Now
 from django.utils import timezone
 
-from timeouts import kinds, lateness, registry
+from timeouts import registry
+from timeouts.limiting import lateness
 from timeouts.states import Status
 from timeouts.storage import shards
 
@@ -72,15 +73,15 @@ class StatusFilter(admin.SimpleListFilter):
 
 class BizTypeFilter(admin.SimpleListFilter):
     """Choices are the handlers registered in this process and the biz_types it noted of each kind
-    (timeouts.kinds: the Celery tasks whose calls DurableTask stores), plus the value asked for, if it
-    is not one of them: tasks of a handler that was removed can still be listed. Index:
-    timeouts_task_biz_type."""
+    of work (timeouts.registry: the Celery tasks whose calls DurableTask stores), plus the value
+    asked for, if it is not one of them: tasks of a handler that was removed can still be listed.
+    Index: timeouts_task_biz_type."""
 
     title = "biz type"
     parameter_name = "biz_type"
 
     def lookups(self, request, model_admin):
-        names = set(registry.registered()).union(*kinds.noted().values())
+        names = set(registry.registered()).union(*registry.noted_of_kinds().values())
         value = self.value()
         if value and registry.BIZ_TYPE_RE.fullmatch(value):
             names.add(value)
@@ -123,8 +124,8 @@ class DueWindowFilter(admin.SimpleListFilter):
 
 
 class EndedLateFilter(admin.SimpleListFilter):
-    """Tasks that a start later than their lateness policy allows ended (timeouts.lateness): skipped
-    (CANCELLED) or DEAD, their last_error beginning with lateness.NOT_RUN. Index:
+    """Tasks that a start later than their lateness policy allows ended (timeouts.limiting.lateness):
+    skipped (CANCELLED) or DEAD, their last_error beginning with lateness.NOT_RUN. Index:
     timeouts_task_status (status, action_time), past partitions only (such a task was due before
     it started); last_error is checked row by row among that status's tasks."""
 

@@ -15,15 +15,14 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from timeouts import kinds
 from timeouts.conf import get_settings
-from timeouts.registry import BIZ_TYPE_RE, Handler, register_internal
+from timeouts.registry import BIZ_TYPE_RE, Handler, Kind, register_internal, register_kind
 
 PREFIX = "tasks:"
 # Registered with the module, so every process that loads Django knows it (apps.py), whether its
 # TASKS use this backend or not: the tasks of one that did stay in the table. Claimed as handlers'
 # tasks are: the handler of each queue's biz_type runs them (register()).
-KIND = kinds.register(kinds.Kind(
+KIND = register_kind(Kind(
     PREFIX, "Django task", "the tasks of Django's tasks framework that timeouts.backends.TimeoutsBackend stores"))
 BACKEND = "timeouts.backends.TimeoutsBackend"
 # Django's DEFAULT_TASK_QUEUE_NAME: the queue a task has unless it names one.

@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 
 from django.utils.module_loading import import_string
 
-from timeouts import lateness
 from timeouts.backends.compat import TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
 from timeouts.backends.errors import Cancelled, LeaseExpired, StartedLate
 from timeouts.conf import get_settings
+from timeouts.limiting import lateness
 from timeouts.states import Status
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -12,7 +12,7 @@ from datetime import datetime
 from django.db import DEFAULT_DB_ALIAS, Error
 from django.db.transaction import TransactionManagementError
 
-from timeouts import events, kinds, protocol
+from timeouts import events, protocol, registry
 from timeouts.conf import get_settings
 from timeouts.storage import shards
 from timeouts.store import worker_connection
@@ -73,7 +73,7 @@ def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
             "claim_due() must commit before publishing: call it outside transaction.atomic()")
     shard = worker_connection.current().alias
     params = {"limit": min(limit, MAX_CLAIM), "lead": float(lead), "max_dispatched": get_settings().MAX_DISPATCHED,
-              "attribute_prefixes": kinds.attribute_prefixes(),
+              "attribute_prefixes": registry.attribute_prefixes(),
               **shards.position(shard)}
 
     def claim():

@@ -14,12 +14,12 @@ from contextlib import nullcontext
 from celery import current_app
 from kombu.utils.uuid import uuid
 
-from timeouts import kinds, tracing
+from timeouts import tracing
 from timeouts.conf import get_settings
 from timeouts.dispatch.brokers import is_amqp, is_redis
 from timeouts.dispatch.claiming import release
 from timeouts.protocol import BACKLOG_AFTER, BUDGET, ETA_HEADROOM, RETRY_POLICY, RUN, RUN_BATCH
-from timeouts.registry import find_handler
+from timeouts.registry import find_handler, kind_of, publishing_prefixes
 from timeouts.testing import faults
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ BESIDE_BACKLOG_WINDOW = 0.002
 def publish(claims) -> int:
     """Publish the claims; on a broker error, release what was not sent and re-raise. What is
     written about a claim (released, or ended unpublished) is written on its own shard. Claims of a
-    kind that publishes its own (timeouts.kinds: DurableTask's calls go as their tasks' own
+    kind that publishes its own (timeouts.registry: DurableTask's calls go as their tasks' own
     messages) go through it, after the others, which go as below. With tracing, in the spans of
     their dispatch (tracing.py)."""
     with tracing.dispatching(claims):
@@ -52,12 +52,12 @@ def publish(claims) -> int:
 
 
 def _publish(claims) -> int:
-    own = kinds.publishing_prefixes()
+    own = publishing_prefixes()
     if not own or not any(claim.biz_type.startswith(own) for claim in claims):
         return _publish_runs(claims)
     runs, by_kind = [], {}
     for claim in claims:
-        kind = kinds.of(claim.biz_type)
+        kind = kind_of(claim.biz_type)
         if kind is None or kind.publish is None:
             runs.append(claim)
         else:

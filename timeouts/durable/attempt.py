@@ -55,8 +55,8 @@ class Call(attempt.Kind):
 
     def ended_late(self, row, fence: Fence):
         """Its start came later than the lateness policy of its biz_type allows, which ended it
-        (timeouts.lateness; its `expires` is Celery's own, applied when it is published): nothing ran,
-        and Celery records nothing, as for a dropped message."""
+        (timeouts.limiting.lateness; its `expires` is Celery's own, applied when it is published):
+        nothing ran, and Celery records nothing, as for a dropped message."""
         logger.warning("timeouts: %s[%s] (job %s) %s", self.task.name, self.task.request.id, fence.job_id,
                        row.last_error)
         raise Ignore()

@@ -29,11 +29,11 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from kombu.utils import json as kombu_json
 from kombu.utils.uuid import uuid
 
-from timeouts import events, kinds, validation
+from timeouts import events, validation
 from timeouts.conf import get_settings
 from timeouts.errors import InvalidAttribute
 from timeouts.protocol import FENCE_HEADER, header
-from timeouts.registry import BIZ_TYPE_RE
+from timeouts.registry import BIZ_TYPE_RE, Kind, register_kind
 from timeouts.states import Status
 from timeouts.storage import shards
 from timeouts.store import transitions
@@ -232,9 +232,9 @@ def run_in_process(claim) -> bool:
 # the worker side.
 REQUEST_CLASS = "timeouts.durable.starts.StartingRequest"
 # Claimed calls come with their attribute, and go as their tasks' own messages.
-KIND = kinds.register(kinds.Kind(PREFIX, "DurableTask", "the Celery calls that timeouts.celery.DurableTask stores",
-                                 claim_returns_attribute=True, publish=publish_calls, run_in_process=run_in_process,
-                                 request_class=REQUEST_CLASS))
+KIND = register_kind(Kind(PREFIX, "DurableTask", "the Celery calls that timeouts.celery.DurableTask stores",
+                          claim_returns_attribute=True, publish=publish_calls, run_in_process=run_in_process,
+                          request_class=REQUEST_CLASS))
 
 
 def _readable(claim) -> dict:

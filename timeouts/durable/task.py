@@ -33,7 +33,7 @@ from celery.exceptions import TimeLimitExceeded
 from celery.utils.time import maybe_make_aware
 from dateutil.parser import isoparse
 
-from timeouts import kinds
+from timeouts import registry
 from timeouts.durable import calls as celery_calls
 from timeouts.protocol import FENCE_HEADER, from_header
 from timeouts.storage import shards
@@ -68,7 +68,7 @@ class DurableTask(Task):
         """Celery binds each task class to its app: the admin then offers its calls' biz_type."""
         super().on_bound(app)
         if cls.name and not cls.name.startswith((CELERY_INTERNAL, TIMEOUTS_OWN)):
-            kinds.note(celery_calls.biz_type_for(cls.name))
+            registry.note_of_kind(celery_calls.biz_type_for(cls.name))
 
     def apply_async(self, args: Sequence[Any] | None = None, kwargs: dict[str, Any] | None = None,
                     task_id: str | None = None, producer: Any = None, link: Any = None, link_error: Any = None,

@@ -1,1 +1,1 @@
-"""Limits and pauses per biz_type, and each shard's part of them."""
+"""Limits, pauses and lateness policies per biz_type, and each shard's part of the limits."""

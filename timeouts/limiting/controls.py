@@ -14,7 +14,7 @@ are in force within SCAN_INTERVAL. Passing them with every claim instead would h
 values of whichever version of the code its process runs, and the token bucket of a rate limit
 needs a row of the table anyway. `set_limits()` overrides them until `reset_limits()`.
 
-The lateness policy (timeouts.lateness: max_lateness, on_late) is kept in the same rows, declared and
+The lateness policy (lateness.py: max_lateness, on_late) is kept in the same rows, declared and
 overridden the same way, and read by the worker's compare-and-set rather than by the claim.
 """
 
@@ -23,14 +23,13 @@ from datetime import timedelta
 
 from django.db import connections, transaction
 
-from timeouts import lateness
 from timeouts.conf import notify_params
 from timeouts.errors import InvalidOption
 from timeouts.registry import check_known, find_handler, registered
 from timeouts.storage import shards
 from timeouts.store import worker_connection
 from timeouts.store.queries import execute, fetch_dicts, fetch_one
-from timeouts.validation import check_concurrency, check_rate_limit
+from timeouts.validation import check_concurrency, check_lateness_policy, check_rate_limit
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ class Limits:
     """What is in force for a biz_type: at most `rate_limit` handler starts per second and
     `concurrency` tasks running at once (None: no limit), whether it is paused, and its lateness
     policy: what becomes of an attempt that starts more than `max_lateness` after it was due
-    (`on_late`: "run", "skip" or "dead"; timeouts.lateness)."""
+    (`on_late`: "run", "skip" or "dead"; timeouts.limiting.lateness)."""
 
     rate_limit: float | None = None
     concurrency: int | None = None
@@ -89,7 +88,7 @@ def set_limits(biz_type: str, rate_limit: float | None = None, concurrency: int 
         changes.append(("override_limits", {"rate_limit": check_rate_limit(rate_limit, InvalidOption),
                                             "concurrency": check_concurrency(concurrency, InvalidOption)}))
     if policy_given:
-        max_lateness, on_late = lateness.check_policy(None if max_lateness is UNCHANGED else max_lateness,
+        max_lateness, on_late = check_lateness_policy(None if max_lateness is UNCHANGED else max_lateness,
                                                       "run" if on_late is UNCHANGED else on_late, InvalidOption)
         changes.append(("override_lateness", {"max_lateness": max_lateness, "on_late": on_late}))
     _change_all(changes, biz_type, using)

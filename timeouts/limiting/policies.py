@@ -1,6 +1,6 @@
-"""The lateness policies of biz_types as the operators' pages show them (timeouts.lateness): what
-is in force, what the handler declares, and whether set_limits() overrides it. One read of the
-limits table for every biz_type; a biz_type without a row has its handler's own policy, as
+"""The lateness policies of biz_types as the operators' pages show them (lateness.py): what is in
+force, what the handler declares, and whether set_limits() overrides it. One read of the limits
+table for every biz_type; a biz_type without a row has its handler's own policy, as
 timeouts.limits() answers."""
 
 from dataclasses import dataclass

@@ -1,14 +1,18 @@
 """timeouts' schema. The database side is SQL (sql/migrations/0001_*.sql): Django cannot express a
 partitioned table whose key includes the partition column while the model's primary key is job_id.
-The state side is the plain model Django and its admin work with.
+The state side is the plain model Django and its admin work with. Besides the model's columns, the
+task table holds some that only timeouts' own statements read (a Django task's result, the trace
+context), so the admin and the ORM never fetch them; the other tables have no model.
 
 - 0001_tasks.sql: the partitioned task table, its DEFAULT partition and its indexes;
 - 0001_notify.sql: the function that wakes the dispatchers;
-- 0001_limits.sql: the biz_types' limits (timeouts_limits, read and written through
-  timeouts.limiting.controls and timeouts.limiting.shares: no model), the index fair claiming walks and each
-  shard's part of a limit. The permission to change limits from the admin is the task model's.
+- 0001_debounce.sql: the function behind schedule(..., on_conflict="debounce");
+- 0001_limits.sql: the biz_types' limits, pauses and lateness policies (timeouts_limits, read and
+  written through timeouts.limiting), the index fair claiming walks and each shard's part of a
+  limit. The permission to change limits from the admin is the task model's;
+- 0001_last_claims.sql: each kind of claimer's last claim, which the health check reads.
 
-The first partitions are created last, when the table and its indexes are complete."""
+The first partitions are created last, when the tables and their indexes are complete."""
 
 from django.db import migrations, models
 
@@ -60,6 +64,8 @@ class Migration(migrations.Migration):
             ],
         ),
         run_sql_file("0001_notify.sql", reverse="0001_notify_reverse.sql"),
+        run_sql_file("0001_debounce.sql", reverse="0001_debounce_reverse.sql"),
         run_sql_file("0001_limits.sql", reverse="0001_limits_reverse.sql"),
+        run_sql_file("0001_last_claims.sql", reverse="0001_last_claims_reverse.sql"),
         migrations.RunPython(create_first_partitions, migrations.RunPython.noop),
     ]

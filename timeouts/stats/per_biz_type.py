@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
-from timeouts import kinds, registry
+from timeouts import registry
 from timeouts.stats.counting import Count, estimated_rows
 from timeouts.storage import shards
 from timeouts.store.queries import fetch_dicts, fetch_one
@@ -61,12 +61,12 @@ class BizType:
 
 def biz_types(now, *, using=DEFAULT_DB_ALIAS) -> list[BizType]:
     """Every biz_type the deployment knows, in order: the handlers of this process and the biz_types
-    it noted of each kind (timeouts.kinds: its DurableTask tasks), the biz_types with PENDING tasks
+    it noted of each kind (timeouts.registry: its DurableTask tasks), the biz_types with PENDING tasks
     and those with limits stored; each with its limits and pause (from one read of the limits
     table) and its overdue count at `now`."""
     stored = stored_limits(using=using)
     sources = {}
-    for source, names in (("handler", registry.registered()), *kinds.noted().items(),
+    for source, names in (("handler", registry.registered()), *registry.noted_of_kinds().items(),
                           ("waiting", waiting_biz_types(using=using)), ("limits", stored)):
         for name in names:
             sources.setdefault(name, []).append(source)

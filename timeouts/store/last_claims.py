@@ -4,8 +4,8 @@ in timeouts_last_claims when it last claimed on a shard, for the health check
 
 A dispatcher can claim hundreds of times a second, so the note is written at most once a second
 per process, shard and kind, and costs the other rounds a clock read. A claimer writes it once a
-round's claims are published, so it never delays a message; an error writing it (the table not
-migrated yet during a rolling deploy, say) is logged, and the claimer goes on.
+round's claims are published, so it never delays a message; an error writing it is logged, and the
+claimer goes on: the record of the claims never stops them.
 """
 
 import logging

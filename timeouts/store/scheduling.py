@@ -13,7 +13,7 @@ all of them in one statement, and settles each key in the order of the batch (_s
 meets the key's waiting task, or an earlier item of the same key, as schedule() would.
 
 "debounce" moves the key's PENDING task rather than adding one. schedule() takes the key's lock
-and moves the task in one database function, timeouts_debounce_v1 (sql/migrations/0005_debounce.sql
+and moves the task in one database function, timeouts_debounce_v1 (sql/migrations/0001_debounce.sql
 says why that is race-free): one round trip, outside a transaction, for a key that has such a task,
 the common case of a debounced key. A call that finds none inserts the task as the other modes
 do, in one transaction with the function, which holds the lock until then.

@@ -4,17 +4,17 @@ A test schedules tasks in its own transaction (Django's TestCase, pytest-django'
 worker can see. run_due() claims them there, on Django's connection to each shard, one at a time,
 and runs each through the worker's own path (worker/attempt.py): the compare-and-set start, the
 body, then DONE, a retry after its backoff, or DEAD. A handler's task runs as `timeouts.run` runs
-it (worker/running.py), a task of Django's tasks framework among them; a kind whose work is
-something else runs as the kind says (timeouts.kinds: a DurableTask call as a worker runs its
+it (worker/running.py), a task of Django's tasks framework among them; a kind of work whose work
+is something else runs as the kind says (timeouts.registry: a DurableTask call as a worker runs its
 message, durable/in_process.py).
 """
 
 from datetime import datetime
 
-from timeouts import events, kinds
+from timeouts import events
 from timeouts.dispatch.claiming import Claim
 from timeouts.errors import InvalidTime
-from timeouts.registry import check_known
+from timeouts.registry import check_known, kind_of
 from timeouts.storage import shards
 from timeouts.store import claims, clock, worker_connection
 from timeouts.validation import describe
@@ -97,7 +97,7 @@ NOT_RUN = frozenset({"dropped", "skipped late", "dead late"})
 
 def _run(claim: Claim) -> int:
     """Run one claim on its shard's connection; 1 if its work started, else 0."""
-    kind = kinds.of(claim.biz_type)
+    kind = kind_of(claim.biz_type)
     if kind is not None and kind.run_in_process is not None:
         return int(kind.run_in_process(claim))
     fence = attempt.start_now(claim.fence, claim.claimed_at)

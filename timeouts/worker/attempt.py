@@ -5,9 +5,9 @@
 
 A message starts its task only if it still owns the row's current attempt (protocol.Fence): a
 stale message, a repeat, or one that lost to a cancel is dropped before anything runs. A start
-later than its biz_type's lateness policy allows (timeouts.lateness) ends the task instead, in the
-same statement: nothing runs. While the
-body runs, the heartbeat keeps the lease, unless the kind leaves it to the pool's hard time limit.
+later than its biz_type's lateness policy allows (timeouts.limiting.lateness) ends the task
+instead, in the same statement: nothing runs. While the body runs, the heartbeat keeps the lease,
+unless the kind leaves it to the pool's hard time limit.
 How the attempt ended is written on the row by a statement fenced by the same attempt (store/
 attempts.py): DONE; again after a backoff, or DEAD once its attempts are used up; or DEAD at once.
 The worker stopping (stops_the_worker) records nothing: the attempt's lease runs out, and lease

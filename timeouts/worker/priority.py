@@ -3,8 +3,8 @@
 While every pool process is busy, a worker queues the requests that are ready to run (Celery's
 semaphore, sized to the concurrency) and serves them first come, first served. A backlog's batches
 reach a worker as soon as it can take them, so that queue is never empty while a backlog drains. A
-task claimed on time (published with an ETA just before its run_at) joined it when its ETA came
-and waited for every batch ahead of it, then for a process to finish one (docs:
+task claimed on time (published with an ETA just before its run_at) would join it when its ETA
+came and wait for every batch ahead of it, then for a process to finish one (docs:
 explanation/benchmarks).
 
 So, in the worker's main process, the requests that wait for a process wait in our `_Intake`
@@ -43,7 +43,7 @@ from collections import deque
 from celery import bootsteps
 from celery.signals import task_received, worker_init
 
-from timeouts import kinds
+from timeouts import registry
 from timeouts.dispatch.publishing import args_repr
 from timeouts.protocol import RETRY_POLICY, RUN, RUN_BATCH
 from timeouts.worker import celery_internals
@@ -102,7 +102,7 @@ class OnTimeFirst(bootsteps.Step):
 
     def create(self, worker):
         global _intake
-        intake = _Intake(worker, kinds.request_classes())
+        intake = _Intake(worker, registry.request_classes())
         if celery_internals.take_requests(worker, intake.take):
             _intake = intake
 
@@ -116,7 +116,7 @@ class _Intake:
 
     def __init__(self, worker, kinds_requests=()):
         self.worker, self.semaphore = worker, worker.semaphore
-        # The Request classes of the kinds that publish their own messages (kinds.Kind.request_class).
+        # The Request classes of the kinds that publish their own messages (registry.Kind.request_class).
         self.kinds_requests = tuple(kinds_requests)
         self.on_time = []  # _Waiter, by ETA; those due at one instant in the order they came
         self.rest = deque()  # every other request
@@ -222,8 +222,8 @@ def received(sender=None, request=None, **kwargs):
     consumer = sender
     intake = _intake
     # Only for timeouts' batches, not for the messages of a kind's own (a stored Celery call): their
-    # starts are recorded ahead by the main process, and with processes held for them a worker
-    # killed -9 ran some calls twice (docs: explanation/benchmarks).
+    # starts are recorded ahead by the main process, and processes held for them would let a worker
+    # killed -9 run some calls twice (docs: explanation/benchmarks).
     if (intake is None or getattr(consumer, "controller", None) is not intake.worker
             or not _a_batch_claimed_ahead(request)):
         return

@@ -10,7 +10,7 @@ from django.contrib.auth.models import Permission, User
 
 import timeouts
 from tests.support.factories import make_task
-from timeouts import kinds, registry, stats
+from timeouts import registry, stats
 from timeouts.conf import notify_params
 from timeouts.models import TimeoutTask
 from timeouts.store import clock
@@ -60,7 +60,7 @@ def rows_by_biz_type(response):
 # --- Which biz_types ----------------------------------------------------------------------------
 
 def test_lists_handlers_durable_tasks_and_biz_types_with_tasks(viewer):
-    kinds.note("celery:tests.page.listed")
+    registry.note_of_kind("celery:tests.page.listed")
     schedule_without_handler("gone.handler", ["1"], delay=600)
     rows = rows_by_biz_type(viewer.get(URL))
     assert set(registry.registered()) <= set(rows)

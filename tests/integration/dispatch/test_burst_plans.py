@@ -10,7 +10,7 @@ import pytest
 from django.db import connection, transaction
 
 from tests.support.factories import cancel_all
-from timeouts import kinds
+from timeouts import registry
 from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
 from timeouts.store import queries
@@ -59,7 +59,7 @@ def test_the_claim_reads_each_claimed_task_once():
     # Due a second ago, so the whole burst is claimable.
     burst_in_a_partition_with_stale_statistics(datetime.now(UTC) - timedelta(seconds=1))
     params = {"limit": BURST // 2, "lead": 0.0, "max_dispatched": 10 * BURST, "shard_index": 0, "shard_count": 1,
-              "attribute_prefixes": kinds.attribute_prefixes()}
+              "attribute_prefixes": registry.attribute_prefixes()}
     plan = explain_analyze(queries.QUERIES["claim_due"], params)
     assert '"Actual Rows": 500' in json.dumps(plan)
     assert rows_removed(plan) < BURST // 10, json.dumps(plan, indent=1)

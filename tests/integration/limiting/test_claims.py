@@ -15,7 +15,7 @@ from django.db import connection, transaction
 import timeouts
 from tests.support.isolation import no_limits  # noqa: F401  (a fixture)
 from tests.support.processes import wait_for
-from timeouts import kinds
+from timeouts import registry
 from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
 
@@ -106,7 +106,6 @@ def test_a_rate_below_one_per_second_claims_one_at_a_time():
 
 
 def test_the_handlers_own_limits_apply_once_declared():
-    from timeouts import registry
     from timeouts.limiting import controls
 
     timeouts.handler("test.declared", concurrency=2)(lambda task: None)
@@ -255,7 +254,7 @@ def dispatcher_statements(shard_index, shard_count):
 
     claimed = fetch_dicts("claim_due", {"limit": 100, "lead": 0.0, "max_dispatched": 10_000,
                                         "shard_index": shard_index, "shard_count": shard_count,
-                                        "attribute_prefixes": kinds.attribute_prefixes()})
+                                        "attribute_prefixes": registry.attribute_prefixes()})
     deadline = fetch_one("claimable_deadline", {"concurrency_poll": 1.0, "shard_index": shard_index,
                                                 "shard_count": shard_count})
     return Counter(row["biz_type"] for row in claimed), deadline

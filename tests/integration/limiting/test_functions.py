@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 
-from timeouts import kinds
+from timeouts import registry
 from timeouts.store import queries
 
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(120)]
@@ -95,7 +95,7 @@ def test_the_functions_are_inlined_into_the_queries_that_read_them(name, plan):
     positional = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", sql).replace("%%", "%")
     params = {"limit": 100, "lead": 0.0, "max_dispatched": 1000, "shard_index": 1, "shard_count": 3,
               "concurrency_poll": 0.15, "horizon": 10, "cap": 100,
-              "attribute_prefixes": list(kinds.attribute_prefixes())}
+              "attribute_prefixes": list(registry.attribute_prefixes())}
     with connection.cursor() as cursor:
         cursor.execute(f"SET plan_cache_mode = {plan}")
         cursor.execute(f"PREPARE inlined AS {positional}")

@@ -68,7 +68,7 @@ def test_the_dispatcher_notes_its_claims(broker):
 
 def test_a_note_that_cannot_be_written_does_not_stop_the_scan(broker, caplog):
     task = TimeoutTask.objects.schedule("test.record", "due", at=datetime.now(UTC) - timedelta(seconds=1))
-    with connection.cursor() as cursor:  # as before migrating, in a rolling deploy
+    with connection.cursor() as cursor:  # a table the note cannot be written to
         cursor.execute("ALTER TABLE timeouts_last_claims RENAME TO timeouts_last_claims_away")
     try:
         with caplog.at_level(logging.WARNING, logger="timeouts.store.last_claims"):

@@ -17,9 +17,9 @@ from tests.support import processes
 from tests.support.isolation import no_limits  # noqa: F401  (a fixture)
 from tests.testapp import tasks as durable_tasks
 from tests.testapp.recorder import record
-from timeouts import events, lateness, registry
+from timeouts import events, registry
 from timeouts.dispatch.claiming import claim_due
-from timeouts.limiting import controls
+from timeouts.limiting import controls, lateness
 from timeouts.migrations import read_sql_file
 from timeouts.models import TimeoutTask
 from timeouts.store import attempts, queries
@@ -197,7 +197,7 @@ def test_a_start_ahead_that_is_late_is_refused_and_ends_the_task(heard):
 def test_the_text_the_start_writes_is_the_one_lateness_reads():
     for name in ("start_task", "finish_then_start_task"):  # written, and read for a requeue
         assert queries.QUERIES[name].count(f"'{lateness.NOT_RUN}") == 2
-    assert f"last_error LIKE '{lateness.NOT_RUN}%'" in read_sql_file("0004_lateness.sql")  # the admin's index
+    assert f"last_error LIKE '{lateness.NOT_RUN}%'" in read_sql_file("0001_tasks.sql")  # the admin's index
 
 
 # --- Races with a cancel, on separate connections ------------------------------------------------------

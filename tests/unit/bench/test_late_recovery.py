@@ -10,7 +10,7 @@ from benchmarks import late_recovery, report
 from benchmarks.config import BenchConfig
 from benchmarks.handlers import MUST_RUN, SKIPPABLE
 from benchmarks.late_recovery import BACKLOG, STREAM, Row, outcome, recovery_time
-from timeouts.lateness import NOT_RUN
+from timeouts.limiting.lateness import NOT_RUN
 from timeouts.states import Status
 
 pytestmark = pytest.mark.timeout(30)

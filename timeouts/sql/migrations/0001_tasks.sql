@@ -32,6 +32,13 @@ CREATE TABLE timeouts_task (
     errors        jsonb,
     -- The worker that started each attempt, in order.
     worker_ids    text[],
+    -- The trace context of the code that scheduled the task (timeouts/tracing.py): with
+    -- OpenTelemetry installed and a span active, schedule(), bulk_schedule(), a DurableTask call
+    -- with an eta and a task of Django's tasks framework store the W3C traceparent, then a space and
+    -- the tracestate if any; NULL otherwise. The claim and the worker's start return it, and the
+    -- dispatch and each attempt's run are spans linked to it. Not in the model either: only
+    -- timeouts' own statements read it.
+    trace_context text,
     PRIMARY KEY (job_id, action_time),
     CONSTRAINT timeouts_task_biz_type_valid CHECK (biz_type ~ '^[A-Za-z0-9_.:-]{1,64}$'),
     CONSTRAINT timeouts_task_biz_id_valid CHECK (length(biz_id) BETWEEN 1 AND 255),
@@ -88,3 +95,11 @@ CREATE INDEX timeouts_task_biz_type ON timeouts_task (biz_type, action_time);
 -- rare in past partitions; DEAD tasks wait for an operator and keep their partition from being dropped).
 CREATE INDEX timeouts_task_status ON timeouts_task (status, action_time)
     WHERE status IN (:PENDING, :CANCELLED, :DEAD);
+
+-- The admin's "ended late" filter (timeouts/admin/filters.py): the tasks that a late start ended
+-- (timeouts/limiting/lateness.py), newest first. Partial, so it holds those tasks alone: the writes
+-- of every other task pay only the check of its condition (a status change is never a HOT update
+-- anyway). Without it the filter would read every cancelled task of the past partitions to find a
+-- few.
+CREATE INDEX timeouts_task_ended_late ON timeouts_task (status, action_time)
+    WHERE status IN (:CANCELLED, :DEAD) AND last_error LIKE 'not run: started %';

@@ -16,7 +16,8 @@
 -- attempt that starts more than its biz_type's max_lateness after its run_at (the time it was due:
 -- action_time for a first attempt, the end of its backoff for a retry) with on_late "skip" or
 -- "dead" does not start: the task ends CANCELLED or DEAD at once, its attempts and started_at as
--- they were, and last_error says how late it was (timeouts/lateness.py reads its first words).
+-- they were, and last_error says how late it was (timeouts/limiting/lateness.py reads its first
+-- words).
 -- Decided by the database clock, in the statement that starts, so a cancel that committed first
 -- still wins and one that comes after finds the task ended. The policy in force is read from
 -- timeouts_limits (one probe of its primary key; no row, or no policy: the start goes on as ever).
@@ -50,7 +51,8 @@ SET (status, attempts, started_at, lease_until, finished_at, last_error) = (
 -- part: ran_late
 -- A RETURNING column of a start: true when it started later than a policy of on_late "run" allows.
 --
--- Such a start runs (on_late "run"), and is counted as late (timeouts/lateness.py). NULL otherwise.
+-- Such a start runs (on_late "run"), and is counted as late (timeouts/limiting/lateness.py). NULL
+-- otherwise.
 CASE WHEN timeouts_task.status = :RUNNING THEN (
     SELECT true FROM timeouts_limits AS l
     WHERE l.biz_type = timeouts_task.biz_type AND l.on_late_in_force = 'run'

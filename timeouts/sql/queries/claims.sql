@@ -233,7 +233,7 @@ claimed AS (
       -- Repeated for the UPDATE's own scan, so it too skips future partitions.
       AND t.action_time <= now() + %(lead)s * interval '1 second'
     -- The partition that holds the row: the worker's start and DONE run on it (queries.py, ON_PARTITION).
-    -- A task of a kind whose claims come with their attribute (timeouts/kinds.py: a stored Celery call,
+    -- A task of a kind whose claims come with their attribute (timeouts/registry.py: a stored Celery call,
     -- the call its message is made of) has it here: its biz_type starts with one of
     -- the parameter attribute_prefixes (`^@`: starts with); a handler's task, without.
     -- biz_id and trace_context (NULL unless scheduled inside a span): for the dispatch's span (tracing.py).

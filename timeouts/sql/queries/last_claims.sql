@@ -1,4 +1,4 @@
--- The last claim of each kind of claimer (sql/migrations/0002_last_claims.sql): written by the
+-- The last claim of each kind of claimer (sql/migrations/0001_last_claims.sql): written by the
 -- claiming path, read by the health check.
 -- Parameters use Django's %(name)s style, so a literal percent sign is written %%.
 

@@ -4,10 +4,9 @@
 --
 -- The limits and pauses of biz_types (timeouts/limiting/controls.py), in timeouts_limits. What is in force
 -- (set_limits()' values when overridden, else the handler's declared ones) is in its columns
--- rate_limit_in_force and concurrency_in_force (sql/migrations/0001_limits.sql), and
--- max_lateness_in_force and on_late_in_force for the lateness policy (0004_lateness.sql). A change that may
--- let tasks be claimed sooner wakes the dispatchers (with "now" as the deadline), so it applies at
--- once.
+-- rate_limit_in_force and concurrency_in_force, and max_lateness_in_force and on_late_in_force for
+-- the lateness policy (sql/migrations/0001_limits.sql). A change that may let tasks be claimed
+-- sooner wakes the dispatchers (with "now" as the deadline), so it applies at once.
 -- A write reads the clock for the row it inserts: the upsert's update takes that reading from
 -- `excluded`, and the NOTIFY's "now" is the row's modified_at.
 

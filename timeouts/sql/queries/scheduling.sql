@@ -64,7 +64,7 @@ FROM (SELECT hashtext(%(biz_type)s::text || ':' || %(biz_id)s::text) AS hash) AS
 -- Moves the key's PENDING task to a new time and attribute, under the key's lock, or says when a new one is due.
 --
 -- schedule(..., on_conflict="debounce") in one round trip (timeouts_debounce_v1, in
--- sql/migrations/0005_debounce.sql, which says why it is race-free): the moved task's row, or NULLs
+-- sql/migrations/0001_debounce.sql, which says why it is race-free): the moved task's row, or NULLs
 -- and `due`, the time of the task the caller then inserts under the same lock. Prepared (on
 -- schedule()'s path): the casts give its parameters their types.
 SELECT (d.task).*, d.due

@@ -1,5 +1,6 @@
-"""The lateness policy's rules (timeouts.lateness): what @timeouts.handler refuses with
-ImproperlyConfigured, naming the mistake, and how a task a late start ended is told apart."""
+"""The lateness policy's rules (timeouts.limiting.lateness; validation.check_lateness_policy): what
+@timeouts.handler refuses with ImproperlyConfigured, naming the mistake, and how a task a late start
+ended is told apart."""
 
 from datetime import timedelta
 
@@ -7,9 +8,11 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 import timeouts
-from timeouts import lateness, registry
+from timeouts import registry
 from timeouts.errors import InvalidOption
+from timeouts.limiting import lateness
 from timeouts.states import Status
+from timeouts.validation import check_lateness_policy
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -59,8 +62,8 @@ def test_a_good_policy_is_the_handlers(name, options, policy):
 
 def test_the_error_is_the_one_asked_for():
     with pytest.raises(InvalidOption, match="on_late must be"):
-        lateness.check_policy(None, "later", InvalidOption)
-    assert lateness.check_policy(timedelta(seconds=1), "skip", InvalidOption) == (timedelta(seconds=1), "skip")
+        check_lateness_policy(None, "later", InvalidOption)
+    assert check_lateness_policy(timedelta(seconds=1), "skip", InvalidOption) == (timedelta(seconds=1), "skip")
 
 
 @pytest.mark.parametrize("status, last_error, ended", [
