@@ -300,7 +300,10 @@ def _bulk_schedule_on(model, alias, placed) -> int:
         rows = retry_on_conflict(partial(fetch_dicts, "waiting_tasks_for_keys", params, using=connection), using=alias)
         for row in rows:
             waiting.setdefault((row["biz_type"], row["biz_id"]), []).append(row)
-    rows, replaced, moved = _settle(placed, waiting)
+    if keys:
+        rows, replaced, moved = _settle(placed, waiting)
+    else:  # no item has an on_conflict: each is a task of its own
+        rows, replaced, moved = [(new, where) for _, new, where in placed], [], {}
     if replaced:
         # Locked above (FOR UPDATE): still waiting, and where they were read.
         cancelled = fetch_dicts("cancel_waiting_tasks", {"job_ids": [row["job_id"] for row in replaced],
