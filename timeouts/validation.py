@@ -121,9 +121,10 @@ def attribute(value, max_bytes) -> str:
     """Return the attribute as JSON text, checked to round-trip through jsonb unchanged."""
     if value is None:
         value = {}
-    if not isinstance(value, Mapping):
-        raise InvalidAttribute(f"attribute must be a JSON object (a dict), got {type(value).__name__}")
-    value = dict(value)  # a read-only mapping too; what it holds must be JSON as it is
+    if type(value) is not dict:  # the common case skips the ABC's check and the copy
+        if not isinstance(value, Mapping):
+            raise InvalidAttribute(f"attribute must be a JSON object (a dict), got {type(value).__name__}")
+        value = dict(value)  # a read-only mapping too; what it holds must be JSON as it is
     _check_json(value, "attribute", 0)
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)

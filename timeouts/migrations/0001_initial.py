@@ -7,6 +7,7 @@ context), so the admin and the ORM never fetch them; the other tables have no mo
 - 0001_tasks.sql: the partitioned task table, its DEFAULT partition and its indexes;
 - 0001_notify.sql: the function that wakes the dispatchers;
 - 0001_debounce.sql: the function behind schedule(..., on_conflict="debounce");
+- 0001_keyed_schedule.sql: the function behind schedule()'s other on_conflict modes in one statement;
 - 0001_limits.sql: the biz_types' limits, pauses and lateness policies (timeouts_limits, read and
   written through timeouts.limiting), the index fair claiming walks and each shard's part of a
   limit. The permission to change limits from the admin is the task model's;
@@ -65,6 +66,7 @@ class Migration(migrations.Migration):
         ),
         run_sql_file("0001_notify.sql", reverse="0001_notify_reverse.sql"),
         run_sql_file("0001_debounce.sql", reverse="0001_debounce_reverse.sql"),
+        run_sql_file("0001_keyed_schedule.sql", reverse="0001_keyed_schedule_reverse.sql"),
         run_sql_file("0001_limits.sql", reverse="0001_limits_reverse.sql"),
         run_sql_file("0001_last_claims.sql", reverse="0001_last_claims_reverse.sql"),
         migrations.RunPython(create_first_partitions, migrations.RunPython.noop),

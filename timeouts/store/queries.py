@@ -113,6 +113,10 @@ NOTIFY_ITSELF = "THEN pg_notify(%(channel)s, extract(epoch FROM run_at)::text) I
 if QUERIES["insert_task"].count(NOTIFY_ONCE_PER_TRANSACTION) != 1:
     raise ValueError(f"insert_task must notify exactly once through {NOTIFY_ONCE_PER_TRANSACTION!r}")
 QUERIES["insert_task_autocommit"] = QUERIES["insert_task"].replace(NOTIFY_ONCE_PER_TRANSACTION, NOTIFY_ITSELF)
+# schedule_keyed runs only as its own transaction, so it always notifies so.
+if QUERIES["schedule_keyed"].count(NOTIFY_ONCE_PER_TRANSACTION) != 1:
+    raise ValueError(f"schedule_keyed must notify exactly once through {NOTIFY_ONCE_PER_TRANSACTION!r}")
+QUERIES["schedule_keyed"] = QUERIES["schedule_keyed"].replace(NOTIFY_ONCE_PER_TRANSACTION, NOTIFY_ITSELF)
 
 # The queries every task runs: schedule()'s INSERT (and, with on_conflict, the default, the key's
 # lock and the read of its waiting task before it; with "debounce", the move), the claim, the
@@ -123,7 +127,8 @@ QUERIES["insert_task_autocommit"] = QUERIES["insert_task"].replace(NOTIFY_ONCE_P
 # a worker or dispatcher of its own prepares unless OPTIONS say None (worker_connection.py).
 # Django's own cursors bind on the client and never prepare, so nothing else of the host's changes.
 # A migration that adds a column is harmless: psycopg prepares again (test_prepared.py).
-PREPARED = frozenset({"insert_task", "insert_task_autocommit", "lock_biz_key", "waiting_tasks_for_key",
+PREPARED = frozenset({"insert_task", "insert_task_autocommit", "schedule_keyed", "lock_biz_key",
+                      "waiting_tasks_for_key",
                       "debounce_task", "claim_due", "start_task", "finish_task",
                       "finish_then_start_task", "fail_task", "confirm_start",
                       "tasks_backend_started", "tasks_backend_returned", "tasks_backend_failed"})

@@ -12,6 +12,12 @@ caller follows (so two batches never wait for each other in a circle), reads the
 all of them in one statement, and settles each key in the order of the batch (_settle()): an item
 meets the key's waiting task, or an earlier item of the same key, as schedule() would.
 
+Outside a transaction (the common case) schedule() does all that in one statement, its own
+transaction, with no BEGIN nor COMMIT: schedule_keyed, whose database function
+timeouts_waiting_for_key_v1 takes the key's locks and reads (or, to replace them, cancels) its
+waiting tasks with a snapshot taken after the locks (sql/migrations/0001_keyed_schedule.sql says
+why that is race-free), and whose INSERT then adds the task.
+
 "debounce" moves the key's PENDING task rather than adding one. schedule() takes the key's lock
 and moves the task in one database function, timeouts_debounce_v1 (sql/migrations/0001_debounce.sql
 says why that is race-free): one round trip, outside a transaction, for a key that has such a task,
@@ -135,8 +141,30 @@ def schedule(model, biz_type, biz_id, *, at=None, delay=None, attribute=None, on
             return moved
     # The key's waiting task may move to another partition (a reschedule) while it is read FOR
     # UPDATE (40001): the whole step runs again, lock included.
+    if new.on_conflict != "debounce" and connection.get_autocommit():
+        return retry_on_conflict(partial(_schedule_keyed_alone, model, new, where, connection), using=where.alias)
     task, _created = retry_on_conflict(partial(_schedule_keyed_in_transaction, model, new, where), using=where.alias)
     return task
+
+
+def _schedule_keyed_alone(model, new: NewTask, where: shards.Place, connection):
+    """_schedule_keyed() outside a transaction, in one statement that is its own (schedule_keyed):
+    the key's lock, the look at its waiting tasks, and the insert, with no BEGIN nor COMMIT."""
+    using = where.alias
+    params = {**new.params(where.slot), **lock_params(), "replace": new.on_conflict == "replace"}
+    job_id, action_time, attribute, created_at, _notified, waiting, first_job_id, first_action_time = fetch_values(
+        "schedule_keyed", params, using=connection)
+    if job_id is None:  # the key has a waiting task
+        first = {"job_id": first_job_id, "action_time": first_action_time}
+        if new.on_conflict == "error":
+            raise _conflict(new, first)
+        return model._from_row(fetch_one("task_at", first, using=connection), using)  # "keep"
+    if waiting:
+        events.cancelled(new.biz_type, waiting, using=using)  # "replace"
+    return events.scheduled(model._inserted(
+        using, job_id=job_id, biz_type=new.biz_type, biz_id=new.biz_id, action_time=action_time,
+        attribute=attribute, max_attempts=new.max_attempts, ttr=new.ttr, created_at=created_at,
+    ), using)
 
 
 def _schedule_keyed_in_transaction(model, new: NewTask, where: shards.Place):
@@ -272,7 +300,10 @@ def _bulk_schedule_on(model, alias, placed) -> int:
         rows = retry_on_conflict(partial(fetch_dicts, "waiting_tasks_for_keys", params, using=connection), using=alias)
         for row in rows:
             waiting.setdefault((row["biz_type"], row["biz_id"]), []).append(row)
-    rows, replaced, moved = _settle(placed, waiting)
+    if keys:
+        rows, replaced, moved = _settle(placed, waiting)
+    else:  # no item has an on_conflict: each is a task of its own
+        rows, replaced, moved = [(new, where) for _, new, where in placed], [], {}
     if replaced:
         # Locked above (FOR UPDATE): still waiting, and where they were read.
         cancelled = fetch_dicts("cancel_waiting_tasks", {"job_ids": [row["job_id"] for row in replaced],

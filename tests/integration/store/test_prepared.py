@@ -7,7 +7,7 @@ import weakref
 
 import psycopg
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from psycopg.pq import Format
 
 from timeouts.dispatch.claiming import claim_due
@@ -63,11 +63,15 @@ def test_the_hot_path_is_prepared_and_the_hosts_queries_are_not(starts):
     assert len(prepared_statements()) == 4, "only those four ran more than prepare_threshold times"
 
 
-def test_the_key_s_lock_and_read_before_the_insert_are_prepared_too():
+def test_the_key_s_lock_and_read_with_the_insert_are_prepared_too():
     """schedule() with on_conflict (by default): the key's advisory lock, the read of its waiting
-    task and the INSERT, in a transaction of their own."""
+    task and the INSERT, in one statement outside a transaction, in three inside one."""
     for key in range(7):
         TimeoutTask.objects.schedule("test.record", key, delay=60)
+    assert is_prepared("schedule_keyed")
+    for key in range(7, 14):
+        with transaction.atomic():
+            TimeoutTask.objects.schedule("test.record", key, delay=60)
     for name in ("lock_biz_key", "waiting_tasks_for_key", "insert_task"):
         assert is_prepared(name), name
     with pytest.raises(TaskConflict):  # the prepared read sees the waiting task
@@ -76,7 +80,7 @@ def test_the_key_s_lock_and_read_before_the_insert_are_prepared_too():
     fetched = TimeoutTask.objects.get(job_id=kept.job_id)  # the prepared read gives the row as the ORM does
     for field in TimeoutTask._meta.concrete_fields:
         assert getattr(kept, field.attname) == getattr(fetched, field.attname), field.name
-    assert TimeoutTask.objects.count() == 7
+    assert TimeoutTask.objects.count() == 14
 
 
 def test_a_prepared_start_survives_a_new_column(starts):

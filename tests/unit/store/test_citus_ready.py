@@ -27,6 +27,7 @@ VOLATILE = frozenset({
     "pg_advisory_unlock", "pg_logical_emit_message",
     "timeouts_notify_v1",  # sql/migrations/0001_notify.sql: PL/pgSQL, volatile by default (and it NOTIFYs)
     "timeouts_debounce_v1",  # sql/migrations/0001_debounce.sql: PL/pgSQL, volatile (it locks, moves and NOTIFYs)
+    "timeouts_waiting_for_key_v1",  # sql/migrations/0001_keyed_schedule.sql: PL/pgSQL, volatile (it locks)
 })
 # The other functions the queries call, STABLE or IMMUTABLE. A query that calls a function in
 # neither list fails test_every_function_a_query_calls_is_classified: add it to the right one
@@ -47,6 +48,7 @@ NOT_VOLATILE = frozenset({
 NOTIFY_IN_RETURNING = {
     "insert_task": "timeouts_notify_v1",
     "insert_task_autocommit": "pg_notify",
+    "schedule_keyed": "pg_notify",
     "reschedule_task": "timeouts_notify_v1",
     "requeue_task": "timeouts_notify_v1",
     "reschedule_by_key": "timeouts_notify_v1",

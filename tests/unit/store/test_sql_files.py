@@ -30,6 +30,8 @@ BARE_STATUS_NUMBER = [
 MIGRATED = {
     "0001_debounce.sql": "d206852e74f16c195e41767f7675cba9c266b6b62b831d96b1c7a84e602020bf",
     "0001_debounce_reverse.sql": "fc3791ecb45c40ea014e4c9d500ad47b9dc92c301c48773bf85688a7c16ea4e7",
+    "0001_keyed_schedule.sql": "dc6d87d9ad25034325f5a9bd599246a19306dacf0c5b61220c28643d86bb2473",
+    "0001_keyed_schedule_reverse.sql": "8ed270be34953bfe62a4b4db453716ec2c96f41d4f3fd0f29d60666e31cd671c",
     "0001_last_claims.sql": "beae14cbd3a86f681d1a98b972af26b923311c522ebf577c487c54618d2d639a",
     "0001_last_claims_reverse.sql": "49ce3707ea3448bb7a833c9dece3c3eece1fd686b3244d19ce7a4cb038a67097",
     "0001_limits.sql": "433254145d46c4a25191ad496c34fe30cd6c0ddce21ca1443978c2104399a3df",

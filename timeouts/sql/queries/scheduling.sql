@@ -24,17 +24,70 @@
 -- costs more still). The job_id carries the task's slot in its low bits (shards.py). trace_context:
 -- the caller's, with OpenTelemetry and an active span (tracing.py), else NULL.
 INSERT INTO timeouts_task
-    (job_id, biz_type, biz_id, action_time, run_at, attribute, max_attempts, ttr, created_at, modified_at,
-     trace_context)
-VALUES (nextval('timeouts_task_job_id_seq') * 1024 + %(slot)s, %(biz_type)s, %(biz_id)s,
-        coalesce(%(at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
-        coalesce(%(at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
-        %(attribute)s::jsonb, %(max_attempts)s, %(ttr)s, statement_timestamp(), statement_timestamp(),
-        %(trace_context)s::text)
-RETURNING job_id, action_time, attribute, created_at,
-    CASE WHEN run_at <= created_at + %(horizon)s * interval '1 second'
-         THEN timeouts_notify_v1(%(channel)s, run_at, created_at + %(horizon)s * interval '1 second')
-         ELSE false END AS notified;
+{new_task_columns}
+VALUES (
+    {new_task_values}
+)
+RETURNING
+    {new_task_returned};
+
+
+-- part: new_task_columns
+-- The columns of a new task's row, as insert_task and schedule_keyed give them.
+(job_id, biz_type, biz_id, action_time, run_at, attribute, max_attempts, ttr, created_at, modified_at,
+ trace_context)
+
+
+-- part: new_task_values
+-- The values of a new task's row (new_task_columns), from schedule()'s parameters.
+nextval('timeouts_task_job_id_seq') * 1024 + %(slot)s, %(biz_type)s, %(biz_id)s,
+coalesce(%(at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
+coalesce(%(at)s::timestamptz, statement_timestamp() + %(delay)s::interval),
+%(attribute)s::jsonb, %(max_attempts)s, %(ttr)s, statement_timestamp(), statement_timestamp(),
+%(trace_context)s::text
+
+
+-- part: new_task_returned
+-- What insert_task and schedule_keyed return of the new task, and whether they woke the dispatchers.
+job_id, action_time, attribute, created_at,
+CASE WHEN run_at <= created_at + %(horizon)s * interval '1 second'
+     THEN timeouts_notify_v1(%(channel)s, run_at, created_at + %(horizon)s * interval '1 second')
+     ELSE false END AS notified
+
+
+-- name: schedule_keyed
+-- Inserts one task unless its key has one waiting, or in place of those, under the key's lock, in one round trip.
+--
+-- schedule() with on_conflict "error", "keep" or "replace", outside a transaction: the statement is
+-- its own transaction, and holds the key's lock from the read to the insert
+-- (timeouts_waiting_for_key_v1, in sql/migrations/0001_keyed_schedule.sql, says why that is
+-- race-free). The function's one row comes first: the insert reads it. The new task's row is
+-- insert_task's; it is inserted when the key has no waiting task, or with `replace`, after the
+-- function cancelled them. Returns insert_task's columns (NULL when nothing was inserted), then the
+-- function's: `waiting` (with `replace`: cancelled) and the key of the first waiting task.
+-- queries.py makes it notify as insert_task_autocommit does. Prepared (on schedule()'s path by
+-- default): the casts give its parameters their types.
+WITH waiting AS MATERIALIZED (
+    SELECT * FROM timeouts_waiting_for_key_v1(%(namespace)s::integer, %(bucket_namespace)s::integer,
+                                              %(bucket_mask)s::integer, %(biz_type)s::text, %(biz_id)s::text,
+                                              %(replace)s::boolean)
+), inserted AS (
+    INSERT INTO timeouts_task
+    {new_task_columns}
+    SELECT
+        {new_task_values}
+    FROM waiting
+    WHERE waiting.waiting = 0 OR %(replace)s::boolean
+    RETURNING
+        {new_task_returned}
+)
+SELECT inserted.*, waiting.*
+FROM waiting LEFT JOIN inserted ON true;
+
+
+-- name: task_at
+-- One task by its database key (job_id and action_time): the waiting task that "keep" keeps.
+SELECT * FROM timeouts_task WHERE job_id = %(job_id)s AND action_time = %(action_time)s;
 
 
 -- name: next_job_ids
