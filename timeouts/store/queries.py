@@ -125,7 +125,7 @@ QUERIES["insert_task_autocommit"] = QUERIES["insert_task"].replace(NOTIFY_ONCE_P
 # A migration that adds a column is harmless: psycopg prepares again (test_prepared.py).
 PREPARED = frozenset({"insert_task", "insert_task_autocommit", "lock_biz_key", "waiting_tasks_for_key",
                       "debounce_task", "claim_due", "start_task", "finish_task",
-                      "finish_then_start_task", "fail_task", "confirm_start",
+                      "finish_then_start_task", "fail_task", "confirm_start", "start_calls_ahead",
                       "tasks_backend_started", "tasks_backend_returned", "tasks_backend_failed"})
 
 
