@@ -18,10 +18,15 @@ of run_at by the database clock (`_DatabaseClock`) and runs the body at once.
 A call may wait for a pool process long after its eta, when every process is busy. Its start is
 leased meanwhile: the main process keeps the lease alive (leases.py) from the start's answer until
 the pool process takes the call over (Celery counts the request accepted), holding nothing of the
-request meanwhile (`_while_waiting`), and the pool process runs the body only once the database
-confirms that the start still holds (`confirm_start`, which renews the lease); else it drops the
-message. So a call is never run on a start that lease recovery took back, nor after a cancel that
-returned True.
+request meanwhile (`_while_waiting`). A pool process that takes the call over within half its TTR
+of the start runs the body at once: its lease cannot have run out. Later, it runs the body only
+once the database confirms that the start still holds (`confirm_start`, which renews the lease);
+else it drops the message. So a call is never run on a start that lease recovery took back, nor
+after a cancel that returned True.
+
+The thread records the starts of the messages received while its previous statement ran in one
+statement: the calls that one claim published together arrive together, and share one durable
+commit.
 
 Whatever happens, the compare-and-set is run once, by one process, for each message:
 - not started yet when the eta comes (a slow database): the thread no longer runs it, and the
@@ -65,6 +70,12 @@ logger = logging.getLogger(__name__)
 START_AHEAD = 1.0  # seconds
 # How long the timer waits for a start the thread has begun: one statement's answer.
 ANSWER_TIMEOUT = 5.0  # seconds
+# The most starts recorded in one statement: the calls received while the previous one ran.
+MAX_STARTS = 100
+# The part of its TTR during which a start holds without a look at its row (worker/attempt.py,
+# _confirmed): a pool process that takes the call over by then has its heartbeat extend the lease
+# within another third of the TTR, before the whole TTR from the start has passed.
+HOLDS_FOR = 0.5
 
 
 class StartingRequest(Request):
@@ -107,9 +118,9 @@ class StartingRequest(Request):
             self._request_dict[FENCE_HEADER] = header(ahead.fence.with_started(started))
 
     def on_accepted(self, pid, time_accepted):
-        """A pool process has taken the call over (Celery counts the request accepted): its
-        confirm_start renews the lease, and its own heartbeat keeps it from then on. This process
-        lets the lease go at once rather than at its heartbeat's next beat (_while_waiting)."""
+        """A pool process has taken the call over (Celery counts the request accepted): its own
+        heartbeat keeps the lease from then on. This process lets the lease go at once rather than
+        at its heartbeat's next beat (_while_waiting)."""
         handed, self._handed = self._handed, None
         if handed is not None:
             handed.taken_over()
@@ -249,11 +260,11 @@ class _Starter:
             self.wake.clear()
             while True:
                 with self.lock:
-                    if not self.queue:
-                        break
-                    start = self.queue.popleft()
-                if start.begin():
-                    started = _record(start.fence)
+                    batch = [self.queue.popleft() for _ in range(min(len(self.queue), MAX_STARTS))]
+                if not batch:
+                    break
+                begun = [start for start in batch if start.begin()]
+                for start, started in zip(begun, _record([start.fence for start in begun]), strict=True):
                     if not start.answer(started) and started is not None:
                         _give_back([start.fence])
 
@@ -278,25 +289,41 @@ def _give_back(fences):
                              "once their leases run out", len(params["job_ids"]))
 
 
-def _record(fence):
-    """The compare-and-set start of one call, or None (refused, or the database failed)."""
+def _record(fences) -> list:
+    """The compare-and-set starts of calls (those of one shard in one statement where they share a
+    partition), each what its pool process gets, or None (refused, or the database failed)."""
     from timeouts.store import worker_connection
-    from timeouts.store.queries import is_partition_name
     from timeouts.worker import attempt
 
-    partition = fence.partition if is_partition_name(fence.partition) else None
-    try:
-        with worker_connection.used(fence.shard):
-            row = attempt.start_ahead(fence.key, fence.attempt, partition, START_AHEAD)
-            answered = time.monotonic()
-    except Exception:
-        logger.exception("timeouts: could not start job %s ahead; its pool process starts it", fence.job_id)
-        return None
-    if row is None:
-        return None
+    by_shard = {}
+    for fence in fences:
+        by_shard.setdefault(fence.shard, []).append(fence)
+    started = {}
+    for shard, group in by_shard.items():
+        try:
+            with worker_connection.used(shard):
+                sent = time.monotonic()
+                rows = attempt.start_calls_ahead(group, START_AHEAD)
+                answered = time.monotonic()
+        except Exception:
+            logger.exception("timeouts: could not start %d calls ahead; their pool processes start them", len(group))
+            continue
+        for fence in group:
+            row = rows.get(fence.job_id)
+            if row is not None:
+                started[id(fence)] = _handed_over(row, shard, sent, answered)
+    return [started.get(id(fence)) for fence in fences]
+
+
+def _handed_over(row, shard, sent, answered) -> dict:
+    """What the pool process gets of a start: the row; when, by this machine's monotonic clock, the
+    database's clock reaches its run_at (`not_before`); and until when the start surely holds
+    (`holds_until`): its lease runs a whole TTR from a moment after `sent`, and the pool process's
+    heartbeat extends it within a third of a TTR of taking it over."""
     row["attribute"] = None  # the call itself travels in the message
-    offset = _database_clock.offset(fence.shard, row.pop("database_now").timestamp() - answered)
-    return {"row": row, "not_before": row["run_at"].timestamp() - offset}
+    offset = _database_clock.offset(shard, row.pop("database_now").timestamp() - answered)
+    return {"row": row, "not_before": row["run_at"].timestamp() - offset,
+            "holds_until": sent + row["ttr"] * HOLDS_FOR}
 
 
 class _DatabaseClock:

@@ -45,6 +45,26 @@ def start(key: dict, attempt: int, partition=None, lease_extra: float = 0.0, ahe
     return _again_if_broken("start_task", params, ONCE_MORE, partition)
 
 
+def start_calls_ahead(starts: list[tuple[dict, int]], partition: str, ahead: float) -> list[dict]:
+    """The compare-and-set starts of several stored Celery calls, (key, attempt) each, on `partition`
+    in one statement (start_calls_ahead): the rows it started, with database_now. A call it did not
+    find there is left to start() through the parent."""
+    params = {"job_ids": [key["job_id"] for key, _ in starts],
+              "action_times": [key["action_time"] for key, _ in starts],
+              "attempts": [attempt for _, attempt in starts], "lease_extra": 0.0, "ahead": ahead}
+    return _retried("start_calls_ahead", ONCE_MORE, lambda: _on_partition("start_calls_ahead", params, partition))
+
+
+def _on_partition(query: str, params: dict, partition: str) -> list[dict]:
+    """The query's rows on `partition`; none if that partition is gone."""
+    try:
+        return fetch_dicts(query, params, partition=partition)
+    except ProgrammingError as exc:
+        if not isinstance(exc.__cause__, UndefinedTable):
+            raise
+        return []
+
+
 def state(key: dict) -> dict | None:
     """The row's status, attempts and run_at, and the database clock (task_state): why a start
     matched nothing."""
@@ -140,11 +160,16 @@ def keep_error(key: dict, attempt: int, exception_class_path: str, traceback: st
 # --- Where and how -----------------------------------------------------------------------------------
 
 def _again_if_broken(query: str, params: dict, delays, partition=None):
-    """The query; after a connection error, again on a new connection after each delay in turn (the
-    last try's error propagates). Inside the caller's transaction an error always propagates."""
+    """The query, on the row's partition if known (_where_the_row_is), _retried."""
+    return _retried(query, delays, lambda: _where_the_row_is(query, params, partition))
+
+
+def _retried(query: str, delays, statement):
+    """statement(); after a connection error, again on a new connection after each delay in turn
+    (the last try's error propagates). Inside the caller's transaction an error always propagates."""
     for delay in delays:
         try:
-            return retry_on_conflict(lambda: _where_the_row_is(query, params, partition))
+            return retry_on_conflict(statement)
         except (OperationalError, InterfaceError) as exc:
             db = worker_connection.current()
             if db.in_atomic_block:
@@ -152,7 +177,7 @@ def _again_if_broken(query: str, params: dict, delays, partition=None):
             logger.warning("timeouts: %s failed (%s); reconnecting in %.1f s", query, exc, delay)
             db.close()
             time.sleep(delay)
-    return retry_on_conflict(lambda: _where_the_row_is(query, params, partition))
+    return retry_on_conflict(statement)
 
 
 def _where_the_row_is(query: str, params: dict, partition):
@@ -160,12 +185,7 @@ def _where_the_row_is(query: str, params: dict, partition):
     table if it matched nothing there: the row may have moved since the claim (maintenance moves
     rows out of DEFAULT), or the partition be gone. A stale message pays one statement more."""
     if partition is not None:
-        try:
-            row = fetch_one(query, params, partition=partition)
-        except ProgrammingError as exc:
-            if not isinstance(exc.__cause__, UndefinedTable):
-                raise
-            row = None
-        if row is not None:
-            return row
+        rows = _on_partition(query, params, partition)
+        if rows:
+            return rows[0]
     return fetch_one(query, params)

@@ -130,7 +130,7 @@ QUERIES["schedule_keyed"] = QUERIES["schedule_keyed"].replace(NOTIFY_ONCE_PER_TR
 PREPARED = frozenset({"insert_task", "insert_task_autocommit", "schedule_keyed", "lock_biz_key",
                       "waiting_tasks_for_key",
                       "debounce_task", "claim_due", "start_task", "finish_task",
-                      "finish_then_start_task", "fail_task", "confirm_start",
+                      "finish_then_start_task", "fail_task", "confirm_start", "start_calls_ahead",
                       "tasks_backend_started", "tasks_backend_returned", "tasks_backend_failed"})
 
 

@@ -295,6 +295,27 @@ def start_ahead(key: dict, attempt: int, partition: str | None, ahead: float):
     return row
 
 
+def start_calls_ahead(fences: list[Fence], ahead: float) -> dict[int, dict]:
+    """start_ahead() of several messages of one shard received ahead: the rows started, by job_id (a
+    call refused, stale, or ended by its lateness policy has none). The calls of one partition start
+    in one statement, and any it did not find there alone, through the parent."""
+    by_partition: dict[str | None, list[Fence]] = {}
+    for fence in fences:
+        by_partition.setdefault(fence.partition if is_partition_name(fence.partition) else None, []).append(fence)
+    rows = {}
+    for partition, group in by_partition.items():
+        alone, through = group, partition
+        if partition is not None and len(group) > 1:
+            together = attempts.start_calls_ahead([(fence.key, fence.attempt) for fence in group], partition, ahead)
+            rows.update((row["job_id"], row) for row in together)
+            alone, through = [fence for fence in group if fence.job_id not in rows], None
+        for fence in alone:
+            row = attempts.start(fence.key, fence.attempt, through, 0.0, ahead)
+            if row is not None:
+                rows[fence.job_id] = row
+    return {job_id: row for job_id, row in rows.items() if _noted(row)["status"] == TimeoutTask.Status.RUNNING}
+
+
 # What the status a start leaves says of the lateness policy that ended it.
 _ON_LATE = {TimeoutTask.Status.CANCELLED: "skip", TimeoutTask.Status.DEAD: "dead"}
 
@@ -337,7 +358,12 @@ def confirm_start(key: dict, attempt: int, partition: str | None = None) -> bool
 
 def _confirmed(fence: Fence, partition, shard):
     """The task of a start recorded ahead (durable/starts.py), if that start still holds. The start
-    may be long past: the message may have waited for a pool process."""
+    may be long past: the message may have waited for a pool process. Before the start's
+    `holds_until` no statement is needed: only lease recovery takes a started call back, its lease
+    cannot have run out yet, and the heartbeat this process keeps from now extends it before it does."""
+    holds_until = fence.started.get("holds_until")
+    if holds_until is not None and time.monotonic() < holds_until:
+        return _started(fence.started["row"], using=shard)
     if not confirm_start(fence.key, fence.attempt, partition):
         return None
     return _started(fence.started["row"], using=shard)

@@ -3,7 +3,8 @@ its pool process asks for before the body, and the hand-over of a start racing i
 the consumer stops on another thread (call_starts.py; without a database: tests/unit)."""
 
 import threading
-from datetime import timedelta
+import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from celery.exceptions import Ignore
@@ -85,6 +86,51 @@ def test_a_call_whose_start_ahead_no_longer_holds_is_dropped_before_its_body():
         worker_connection.close()
     assert ran == []
     assert state(task) == (Status.PENDING, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("holds", [True, False])
+def test_a_start_taken_over_before_it_may_have_run_out_is_not_looked_at_again(holds):
+    """Within half its TTR of the start (`holds_until`) the pool process runs the body without a
+    statement: the lease the start took is as it was. Later it confirms the start, which renews it."""
+    task = make_task(Status.RUNNING, lease=timedelta(seconds=100))
+    started = {"row": fetch_one("find_task", {"job_id": task.job_id}), "not_before": 0.0,
+               "holds_until": time.monotonic() + (60 if holds else -1)}
+    fence = [task.job_id, task.action_time.isoformat(), 1, partition_of(task), "default", started]
+    seen = []
+    try:
+        _run_fenced(tasks.record, from_header(fence), lambda: seen.append(lease_left(task)), (), {})
+    finally:
+        worker_connection.close()
+    [left] = seen
+    assert 95 < left <= 100 if holds else task.ttr - 5 < left <= task.ttr, left
+    assert state(task) == (Status.DONE, 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_calls_received_together_start_together_and_each_as_alone():
+    """start_calls_ahead: the calls of one partition in one statement; a call that partition does not
+    hold (its row moved), through the parent; a stale one, a cancelled one, and one due later than
+    `ahead`, not at all."""
+    soon = datetime.now(UTC) + timedelta(seconds=0.5)
+    together = [make_task(Status.DISPATCHED, biz_id=str(i), at=soon) for i in range(3)]
+    moved = make_task(Status.DISPATCHED, biz_id="moved", at=soon)
+    stale = make_task(Status.DISPATCHED, biz_id="stale", at=soon)
+    cancelled = make_task(Status.PENDING, biz_id="cancelled", at=soon)
+    later = make_task(Status.DISPATCHED, biz_id="later", at=soon + timedelta(seconds=5))
+    assert cancelled.cancel() is True
+    partition = partition_of(together[0])
+    fences = [Fence(t.job_id, t.action_time, 1, partition) for t in [*together, cancelled, later]]
+    fences += [Fence(moved.job_id, moved.action_time, 1, "timeouts_task_gone"),
+               Fence(stale.job_id, stale.action_time, 2, partition)]
+    rows = attempt.start_calls_ahead(fences, 1.0)
+    assert sorted(rows) == sorted(t.job_id for t in [*together, moved])
+    for task in [*together, moved]:
+        assert state(task) == (Status.RUNNING, 1)
+        assert rows[task.job_id]["run_at"] == task.run_at and "database_now" in rows[task.job_id]
+    assert state(stale) == (Status.DISPATCHED, 0)
+    assert state(cancelled) == (Status.CANCELLED, 0)
+    assert state(later) == (Status.DISPATCHED, 0)
 
 
 # --- A start handed over while the consumer gives the starts back -----------------------------------

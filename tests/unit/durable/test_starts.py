@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 import weakref
+from datetime import UTC, datetime, timedelta
 
 from kombu.message import Message
 
@@ -158,3 +159,37 @@ def test_bounds_older_than_the_window_are_dropped():
     clock.offset("a", 1.0)
     time.sleep(0.06)
     assert clock.offset("a", 0.5) == 0.5
+
+
+def test_the_starts_queued_while_the_thread_records_others_are_recorded_together(monkeypatch):
+    """The thread takes every start queued while its previous statement ran, so the calls one claim
+    published together share one statement: here three, behind the first."""
+    batches, first_begun, go_on = [], threading.Event(), threading.Event()
+
+    def record(fences):
+        batches.append(len(fences))
+        if len(batches) == 1:
+            first_begun.set()
+            go_on.wait(5)
+        return [STARTED] * len(fences)
+
+    monkeypatch.setattr(call_starts, "_record", record)
+    starter = call_starts._Starter()
+    first = starter.submit(FENCE)
+    assert first_begun.wait(5)
+    queued = [starter.submit(FENCE) for _ in range(3)]
+    go_on.set()
+    assert all(start.answered.wait(5) for start in [first, *queued])
+    assert batches == [1, 3]
+    for start in [first, *queued]:
+        start.give_back()
+
+
+def test_a_start_holds_without_a_look_for_half_its_ttr_from_before_its_statement():
+    row = {"job_id": 1, "ttr": 60, "attribute": {"task": "t"}, "run_at": datetime(2026, 1, 1, tzinfo=UTC),
+           "database_now": datetime(2026, 1, 1, tzinfo=UTC) - timedelta(seconds=0.3)}
+    handed = call_starts._handed_over(row, "shard-of-its-own", sent=100.0, answered=100.01)
+    assert handed["holds_until"] == 100.0 + 30
+    assert handed["row"]["attribute"] is None and "database_now" not in handed["row"]
+    # run_at is 0.3 s after the database's clock read, which came before the answer
+    assert abs(handed["not_before"] - (100.01 + 0.3)) < 1e-6

@@ -108,9 +108,11 @@ def test_every_named_query_is_used():
 def test_a_query_that_names_its_partition_runs_only_on_one_of_timeouts_own():
     from timeouts.store import queries
 
-    assert queries.NAMING_A_PARTITION == {"move_parked_rows"}
+    assert queries.NAMING_A_PARTITION == {"move_parked_rows", "start_calls_ahead"}
     text = queries.on_partition("move_parked_rows", "timeouts_task_d20260101")
     assert "INSERT INTO timeouts_task_d20260101\n" in text and queries.PARTITION_SLOT not in text
+    text = queries.on_partition("start_calls_ahead", "timeouts_task_d20260101")
+    assert "UPDATE timeouts_task_d20260101 AS timeouts_task\n" in text and queries.PARTITION_SLOT not in text
     for name in ("timeouts_task_d20260101; DROP TABLE timeouts_task", "public.timeouts_task_d20260101", "pg_class"):
         with pytest.raises(ValueError, match="cannot run on partition"):
             queries.on_partition("move_parked_rows", name)

@@ -83,6 +83,28 @@ RETURNING timeouts_task.*, c.now AS database_now,
     {ran_late};
 
 
+-- name: start_calls_ahead
+-- The compare-and-set starts of several stored Celery calls received ahead, on one partition.
+--
+-- start_task's, ahead, for the calls that one claim published together and that reach a worker's
+-- main process together (durable/starts.py): their starts, each a durable commit, share one. It runs
+-- on the partition the claim returned; a call not found there (its row moved, or its message is
+-- stale) is tried alone through the parent (start_task), as start_task's own shortcut does. Only
+-- the primary key serves the lookup (`job_id = ANY`; the rest compared with IS NOT DISTINCT FROM,
+-- as in start_task), so the rows are locked in its order, whatever the order of the arrays.
+UPDATE {partition} AS timeouts_task
+{start_or_end_late}
+FROM unnest(%(job_ids)s::bigint[], %(action_times)s::timestamptz[], %(attempts)s::integer[])
+    AS r(job_id, action_time, attempt),
+     (SELECT clock_timestamp() AS now) AS c
+WHERE timeouts_task.job_id = ANY(%(job_ids)s::bigint[]) AND timeouts_task.job_id = r.job_id
+  AND timeouts_task.action_time IS NOT DISTINCT FROM r.action_time
+  AND (timeouts_task.status, timeouts_task.attempts) IS NOT DISTINCT FROM (:DISPATCHED, r.attempt - 1)
+  AND timeouts_task.run_at <= c.now + %(ahead)s * interval '1 second'
+RETURNING timeouts_task.*, c.now AS database_now,
+    {ran_late};
+
+
 -- name: task_state
 -- One task's status, attempts and run_at, beside the database clock.
 SELECT status, attempts, run_at, clock_timestamp() AS now
