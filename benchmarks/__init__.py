@@ -13,6 +13,7 @@
     shard_costs  idle and single-shard overhead            shard_servers  shard databases, CPU meter
     late_recovery  an outage, with a lateness policy and without  tracing_cost  tracing on against off
     span_sink    OpenTelemetry's SDK whose spans are dropped (tracing on: settings_tracing)
+    held_process  a child held ready until told to go, and its result line (debounce, durable_cpu)
 
 Nothing here is imported by the runtime: the handlers exist only in processes that import
 `benchmarks.handlers` (the bench itself, and its worker via `--include`).

@@ -23,7 +23,6 @@ after the last call ran.
 
 import argparse
 import json
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -53,6 +52,7 @@ def main(argv=None):
 
     find_app(args.app)  # the project's app, on the bench's broker (CELERY_BROKER_URL), becomes current
     from . import handlers
+    from .held_process import say, wait_for_go, wait_for_stop
     from .progress import Progress
     from .workload import due_times
 
@@ -79,8 +79,7 @@ def main(argv=None):
     if args.probe:
         _probe(probe, args.probe, args.probe_timeout)
     if args.hold:
-        _say("ready")
-        sys.stdin.readline()
+        wait_for_go()
 
     base = datetime.now(UTC) + timedelta(seconds=args.lead)
     if args.countdown is None:
@@ -102,15 +101,10 @@ def main(argv=None):
             progress.update(key)
     seconds = time.perf_counter() - started
     progress.finish(args.n)
-    _say(json.dumps({"base": base.isoformat(), "n": args.n, "sched_per_s": round(args.n / seconds),
-                     "sched_overrun": over, "sched_behind_ms": round(behind * 1000.0, 1)}))
+    say(json.dumps({"base": base.isoformat(), "n": args.n, "sched_per_s": round(args.n / seconds),
+                    "sched_overrun": over, "sched_behind_ms": round(behind * 1000.0, 1)}))
     if args.hold:
-        sys.stdin.read()
-
-
-def _say(line):
-    print(line)
-    sys.stdout.flush()
+        wait_for_stop()
 
 
 def _pace(when) -> float:

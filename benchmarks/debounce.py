@@ -24,10 +24,6 @@ table with its own worker and dispatcher; the load average is recorded with each
 shared).
 """
 
-import json
-import os
-import select
-import subprocess
 import sys
 import time
 from datetime import timedelta
@@ -35,8 +31,9 @@ from datetime import timedelta
 from timeouts.states import Status
 
 from . import machine
-from .database import BenchError, reset
+from .database import reset
 from .handlers import NOOP
+from .held_process import HeldProcess
 from .pairs import median_ratio, ratios_of
 from .processes import Processes, flush_broker
 from .progress import note
@@ -54,8 +51,8 @@ HEADERS = ["calls/s", "missing", "dup", "early", "cancelled ran", "keys run once
            "steal %"]
 TITLE = ("{n_debounce:,} keys, {debounce_calls} calls each by {debounce_writers} writer processes, "
          "delay {debounce_delay:g} s, max_wait {debounce_max_wait:g} s (debounce only)")
-POLL = 0.25  # seconds between the bench's looks: it shares the cores with what it measures
 READY_TIMEOUT = 120.0  # seconds for a writer to set up and warm its connection
+RESULT_TIMEOUT = 3600.0  # seconds for a writer to make its calls
 # The tasks of the bench's biz_type, with their start rows (none, one, or more).
 ROWS = """
 SELECT t.biz_id, t.job_id, t.status, t.created_at, t.action_time, s.started_at
@@ -147,14 +144,14 @@ def _one(ctx, variant, rep) -> dict:
         warm_worker(ctx.app, ctx.conn, count=2 * cfg.concurrency, check=procs.check)
         procs.dispatcher(cfg.dispatcher_args)
         probe_path(ctx.alias, ctx.conn, count=2, check=procs.check, timeout=cfg.scan_interval + 60)
-        writers = [Writer(ctx, variant, index) for index in range(cfg.debounce_writers)]
+        writers = [_writer(ctx, variant, index) for index in range(cfg.debounce_writers)]
         for writer in writers:
-            writer.wait_ready(procs)
+            writer.wait_ready(READY_TIMEOUT, procs.check)
         load = machine.loadavg()[0]
         note(f"debounce {variant}: {cfg.n_debounce * cfg.debounce_calls:,} calls by {len(writers)} writers")
         for writer in writers:
             writer.go()
-        results = [writer.result(procs) for writer in writers]
+        results = [writer.result(RESULT_TIMEOUT, procs.check) for writer in writers]
         waited = cfg.debounce_delay + cfg.debounce_max_wait + cfg.wait_tail
         wait_until(lambda: _unfinished(ctx) == 0, waited, procs.check, f"every debounce {variant} task to finish")
         time.sleep(1.0)  # a second start of a task has time to show
@@ -173,63 +170,17 @@ def _unfinished(ctx) -> int:
     return ctx.conn.execute(UNFINISHED, (NOOP, waiting)).fetchone()[0]
 
 
-class Writer:
-    """One writer process (benchmarks.debounce_writer): set up and warm, held until go(), then it
-    makes its calls and prints what it did."""
-
-    def __init__(self, ctx, variant, index):
-        cfg = ctx.cfg
-        args = [sys.executable, "-m", "benchmarks.debounce_writer", "--mode", variant, "--writer", str(index),
-                "--writers", str(cfg.debounce_writers), "--keys", str(cfg.n_debounce), "--calls",
-                str(cfg.debounce_calls), "--block", str(cfg.debounce_block), "--delay", str(cfg.debounce_delay)]
-        if variant == "debounce":
-            args += ["--max-wait", str(cfg.debounce_max_wait)]
-        ctx.log_dir.mkdir(parents=True, exist_ok=True)
-        with open(ctx.log_dir / f"debounce_writer{index}.log", "ab") as log:
-            self.process = subprocess.Popen(args, env=ctx.env, cwd=ctx.cwd, stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, stderr=log)
-        self.buffer = b""
-
-    def _line(self, timeout, procs) -> str:
-        deadline = time.monotonic() + timeout
-        fd = self.process.stdout.fileno()
-        while b"\n" not in self.buffer:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"a debounce writer said nothing within {timeout:.0f} s")
-            if select.select([fd], [], [], min(POLL, left))[0]:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    code = self.process.wait(10)
-                    raise BenchError(f"a debounce writer exited with {code} (its log: debounce_writer*.log)")
-                self.buffer += chunk
-            else:
-                procs.check()
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return line.decode(errors="replace").strip()
-
-    def wait_ready(self, procs):
-        if self._line(READY_TIMEOUT, procs) != "ready":
-            raise BenchError("a debounce writer did not say it was ready")
-
-    def go(self):
-        self.process.stdin.write(b"go\n")
-        self.process.stdin.flush()
-
-    def result(self, procs) -> dict:
-        return json.loads(self._line(3600.0, procs))
-
-    def stop(self):
-        for stream in (self.process.stdin, self.process.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
+def _writer(ctx, variant, index) -> HeldProcess:
+    """One writer process (benchmarks.debounce_writer), held until go(): then it makes its calls and
+    prints what it did."""
+    cfg = ctx.cfg
+    args = [sys.executable, "-m", "benchmarks.debounce_writer", "--mode", variant, "--writer", str(index),
+            "--writers", str(cfg.debounce_writers), "--keys", str(cfg.n_debounce), "--calls",
+            str(cfg.debounce_calls), "--block", str(cfg.debounce_block), "--delay", str(cfg.debounce_delay)]
+    if variant == "debounce":
+        args += ["--max-wait", str(cfg.debounce_max_wait)]
+    return HeldProcess(args, env=ctx.env, cwd=ctx.cwd, name=f"debounce writer {index}",
+                       log=ctx.log_dir / f"debounce_writer{index}.log")
 
 
 # --- ratios and targets ------------------------------------------------------------------------------

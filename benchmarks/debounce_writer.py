@@ -11,7 +11,6 @@ line: how many calls it made, and when it started and finished them (Unix time).
 
 import argparse
 import json
-import sys
 import time
 from datetime import timedelta
 
@@ -37,6 +36,7 @@ def main(argv=None):
 
     from .debounce import plan
     from .handlers import NOOP, PROBE
+    from .held_process import say, wait_for_go
 
     options = {"on_conflict": args.mode, "delay": timedelta(seconds=args.delay)}
     if args.max_wait is not None:
@@ -44,18 +44,12 @@ def main(argv=None):
     calls = plan(args.keys, args.calls, args.writers, args.block, args.writer)
     for call in range(WARM_CALLS):  # on keys of the probe handler, which the results leave out
         TimeoutTask.objects.schedule(PROBE, f"warm-{args.writer}-{call % 2}", **options)
-    _say("ready")
-    sys.stdin.readline()
+    wait_for_go()
     started = time.time()
     for _round, key in calls:
         TimeoutTask.objects.schedule(NOOP, key, **options)
     finished = time.time()
-    _say(json.dumps({"writer": args.writer, "calls": len(calls), "started": started, "finished": finished}))
-
-
-def _say(line):
-    print(line)
-    sys.stdout.flush()
+    say(json.dumps({"writer": args.writer, "calls": len(calls), "started": started, "finished": finished}))
 
 
 if __name__ == "__main__":

@@ -28,10 +28,6 @@ uses idle over as long (read just before, over --cpu-idle-seconds):
 PostgreSQL serve whatever else runs on the machine too, so they are reported beside it.
 """
 
-import json
-import os
-import select
-import subprocess
 import sys
 import time
 from urllib.parse import urlsplit
@@ -39,8 +35,8 @@ from urllib.parse import urlsplit
 from timeouts.durable.calls import biz_type_for
 
 from . import cpu, machine
-from .database import BenchError
 from .handlers import DIRECT_TASK, DURABLE_TASK
+from .held_process import HeldProcess
 from .progress import Progress
 from .workload import wait_until, warm_worker
 
@@ -54,6 +50,7 @@ CLIENT_ROLES = ("caller", "worker_main", "worker_pool", "dispatcher")  # whom a 
 SHARED = ("broker", "postgres_other")
 POLL = 0.25  # seconds between the bench's looks: it shares the cores with what it measures
 READY_TIMEOUT = 120.0  # seconds for the calling process to set up and warm the path
+RESULT_TIMEOUT = 60.0  # seconds for its result, once every call has run
 BROKER_PORTS = {"redis": 6379, "rediss": 6379, "amqp": 5672, "amqps": 5671, "pyamqp": 5672}
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "")
 
@@ -64,11 +61,11 @@ def measure(ctx, procs, variant, rep) -> dict:
     worker = procs.worker(app=cfg.celery_app, concurrency=cfg.concurrency)
     warm_worker(ctx.app, ctx.conn, count=2 * cfg.concurrency, check=procs.check)
     dispatcher = procs.dispatcher(cfg.dispatcher_args) if variant == "durable" else None
-    caller = Caller(ctx, variant, n, probe=2 * cfg.concurrency)
+    caller = _caller(ctx, variant, n, probe=2 * cfg.concurrency)
     sessions = Sessions(ctx)
     roles = {"caller": caller.process.pid, "worker_main": worker.pid, "dispatcher": dispatcher and dispatcher.pid}
     try:
-        caller.wait_ready(procs)
+        caller.wait_ready(READY_TIMEOUT, procs.check)
         finished, before = _finished(ctx, variant, procs)
         meter = cpu.Meter(groups(ctx, worker, dispatcher, caller.process, sessions))
         idle_s, idle = _idle(meter, cfg.cpu_idle_seconds, procs)
@@ -79,7 +76,7 @@ def measure(ctx, procs, variant, rep) -> dict:
         _wait_for(finished, before + n, meter, procs, caller, _timeout(cfg, n), f"durable_cpu {variant}")
         busy = meter.stop()
         wall = time.monotonic() - began
-        made = caller.result()
+        made = caller.result(RESULT_TIMEOUT)
     finally:
         caller.stop()
     out = {"n": n, "wall_s": round(wall, 2), "calls_per_s": round(n / wall, 1), "loadavg_1min": load,
@@ -283,64 +280,12 @@ def _counts(ctx, n) -> dict:
     return {"started": distinct, "missing": n - distinct, "duplicates": total - distinct}
 
 
-class Caller:
+def _caller(ctx, variant, n, *, probe) -> HeldProcess:
     """The process making the calls (benchmarks.calls --hold): set up and warm, then held until
     go(), and alive until stop(), so that its CPU time and its database session's are read over
     the whole run."""
-
-    def __init__(self, ctx, variant, n, *, probe):
-        cfg = ctx.cfg
-        args = [sys.executable, "-m", "benchmarks.calls", "--app", cfg.celery_app, "--task", TASKS[variant],
-                "--n", str(n), "--countdown", str(COUNTDOWN if variant == "durable" else 0), "--rate",
-                str(cfg.cpu_rate), "--probe", str(probe), "--hold"]
-        self.process = subprocess.Popen(args, env=ctx.env, cwd=ctx.cwd, stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE)
-        self.buffer = b""
-
-    def _line(self, timeout) -> str:
-        """The next line the process prints, within `timeout` seconds (read from the pipe as it
-        comes: a line may arrive with the next)."""
-        deadline = time.monotonic() + timeout
-        fd = self.process.stdout.fileno()
-        while b"\n" not in self.buffer:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"benchmarks.calls said nothing within {timeout:.0f} s")
-            ready, _, _ = select.select([fd], [], [], min(POLL, left))
-            if ready:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    raise BenchError(f"benchmarks.calls exited with {self.process.wait(10)}")
-                self.buffer += chunk
-            else:
-                self.check()
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return line.decode(errors="replace").strip()
-
-    def wait_ready(self, procs):
-        deadline = time.monotonic() + READY_TIMEOUT
-        while self._line(deadline - time.monotonic()) != "ready":
-            procs.check()
-
-    def go(self):
-        self.process.stdin.write(b"go\n")
-        self.process.stdin.flush()
-
-    def result(self) -> dict:
-        return json.loads(self._line(60.0))
-
-    def check(self):
-        if self.process.poll() is not None:
-            raise BenchError(f"benchmarks.calls exited with {self.process.returncode}")
-
-    def stop(self):
-        try:
-            self.process.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-        self.process.stdout.close()
+    cfg = ctx.cfg
+    args = [sys.executable, "-m", "benchmarks.calls", "--app", cfg.celery_app, "--task", TASKS[variant],
+            "--n", str(n), "--countdown", str(COUNTDOWN if variant == "durable" else 0), "--rate",
+            str(cfg.cpu_rate), "--probe", str(probe), "--hold"]
+    return HeldProcess(args, env=ctx.env, cwd=ctx.cwd, name="benchmarks.calls")

@@ -239,16 +239,50 @@ BAD_ATTRIBUTES = st.one_of(
         "json-top-level-not-an-object"),
 )
 
-VALID_ON_CONFLICTS = ok(st.sampled_from([None, "error", "replace", "keep"]))
-BAD_ON_CONFLICTS = bad(InvalidOption, st.sampled_from(["merge", "ERROR", "", "keep ", 0, 1, True, False, ["error"],
-                                                       b"keep", 1.5, HUGE_INT, Opaque()]))
+# on_conflict= and max_wait=, as keyword arguments (a dict, as for the time): each left out at times,
+# for its default ("error", and no cap). max_wait is for on_conflict="debounce" only.
+LEFT_OUT = object()
+OTHER_MODES = st.sampled_from([LEFT_OUT, None, "error", "replace", "keep"])
+BAD_MODES = st.sampled_from(["merge", "ERROR", "", "keep ", "debounce ", "Debounce", 0, 1, True, False, ["error"],
+                             b"keep", 1.5, HUGE_INT, Opaque()])
+VALID_MAX_WAITS = st.one_of(
+    st.timedeltas(min_value=timedelta(0)),  # up to timedelta.max: a cap that no time can reach
+    st.sampled_from([None, timedelta(0), timedelta(microseconds=1), timedelta(seconds=1), 5000 * YEAR, timedelta.max]),
+)
+BAD_MAX_WAITS = st.one_of(  # with on_conflict="debounce"
+    st.timedeltas(max_value=-timedelta(microseconds=1)),
+    st.sampled_from([0, 5, -1, 0.0, 5.0, float("nan"), float("inf"), True, False, "5", "PT5S", b"5", Decimal(5),
+                     [timedelta(seconds=5)], datetime(2025, 1, 1, tzinfo=UTC), date(2025, 1, 1), HUGE_INT, -HUGE_INT,
+                     Opaque()]),
+    st.integers(),
+    st.floats(),
+)
+
+
+def _keywords(on_conflict, max_wait):
+    """The keyword arguments given: those not LEFT_OUT."""
+    return {name: value for name, value in (("on_conflict", on_conflict), ("max_wait", max_wait))
+            if value is not LEFT_OUT}
+
+
+VALID_CONFLICTS = st.one_of(
+    ok(st.builds(_keywords, OTHER_MODES, st.sampled_from([LEFT_OUT, None]))),
+    ok(st.builds(_keywords, st.just("debounce"), st.one_of(st.just(LEFT_OUT), VALID_MAX_WAITS))),
+)
+BAD_CONFLICTS = st.one_of(
+    bad(InvalidOption, st.builds(_keywords, BAD_MODES, st.one_of(st.just(LEFT_OUT), VALID_MAX_WAITS, BAD_MAX_WAITS))),
+    bad(InvalidOption, st.builds(_keywords, st.just("debounce"), BAD_MAX_WAITS)),
+    bad(InvalidOption, st.builds(_keywords, OTHER_MODES,  # a max_wait without debounce, however good
+                                 st.one_of(VALID_MAX_WAITS.filter(lambda max_wait: max_wait is not None),
+                                           BAD_MAX_WAITS))),
+)
 
 FIELDS = {  # name: (valid values, invalid values)
     "biz_type": (VALID_BIZ_TYPES, BAD_BIZ_TYPES),
     "biz_id": (VALID_BIZ_IDS, BAD_BIZ_IDS),
     "when": (VALID_TIMES, BAD_TIMES),
     "attribute": (VALID_ATTRIBUTES, BAD_ATTRIBUTES),
-    "on_conflict": (VALID_ON_CONFLICTS, BAD_ON_CONFLICTS),
+    "conflict": (VALID_CONFLICTS, BAD_CONFLICTS),
 }
 
 
@@ -300,11 +334,12 @@ def bulk_item(draw):
     fields = draw(schedule_args())
     if kind != "schedule args":  # valid, on a few keys, so that on_conflict meets waiting tasks
         fields.update(biz_type=draw(VALID_BIZ_TYPES), biz_id=Arg(draw(KEY_BIZ_IDS)), when=draw(VALID_TIMES),
-                      attribute=draw(VALID_ATTRIBUTES), on_conflict=draw(VALID_ON_CONFLICTS))
-    value = {"biz_type": fields["biz_type"].value, "biz_id": fields["biz_id"].value, **fields["when"].value}
-    for optional, default in (("attribute", None), ("on_conflict", "error")):  # left out at times: the defaults
-        if fields[optional].error is not None or fields[optional].value != default or draw(st.booleans()):
-            value[optional] = fields[optional].value
+                      attribute=draw(VALID_ATTRIBUTES), conflict=draw(VALID_CONFLICTS))
+    value = {"biz_type": fields["biz_type"].value, "biz_id": fields["biz_id"].value, **fields["when"].value,
+             **fields["conflict"].value}
+    attribute = fields["attribute"]
+    if attribute.error is not None or attribute.value is not None or draw(st.booleans()):  # None: left out at times
+        value["attribute"] = attribute.value
     args = list(fields.values())
     if kind == "unknown key":
         value["using"] = "default"

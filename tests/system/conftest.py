@@ -4,8 +4,9 @@
 - `runs`: what the DurableTask test tasks (tests/testapp/tasks.py) recorded of their runs.
 
 What most of these tests check (workers, dispatchers, brokers, leases) does not depend on Django's
-version: they are marked `one_leg` and run in bin/test's first leg only, except the modules of
-DJANGO_VERSION_MATTERS, which run in both.
+version: bin/test's second leg (Django 6.0) leaves out the tests marked `one_leg`. Each module of
+this folder is named in one of three lists below, which say where its tests run; a module in none
+of them stops the collection, so that a new one runs where its author chose.
 """
 
 import json
@@ -18,16 +19,30 @@ from tests.support import processes
 from tests.testapp.tasks import CALLS_TABLE_SQL
 
 HERE = Path(__file__).resolve().parent
-# The admin's pages, a host project installing the package, Django's tasks framework (built in on
-# 6.0, the backport on 5.2), and timeouts' own copy of Django's database connection.
-DJANGO_VERSION_MATTERS = {"test_admin_browser", "test_admin_businesses_browser", "test_host_project",
-                          "test_tasks_backend", "test_own_connection"}
+# Every test marked one_leg: workers, dispatchers, brokers, shards, limits, metrics and the
+# distributions, which do not depend on Django's version.
+ONE_LEG = {"test_async_handlers", "test_batch_worker_crash", "test_call_starts", "test_celery", "test_dispatcher",
+           "test_dispatcher_faults", "test_distributions", "test_durable_publishing", "test_durable_task",
+           "test_isolation", "test_metrics_prefork", "test_on_rabbitmq", "test_shards"}
+# Both legs: the admin's pages, a host project installing the package, Django's tasks framework
+# (built in on 6.0, the backport on 5.2), and timeouts' own copy of Django's database connection.
+BOTH_LEGS = {"test_admin_browser", "test_admin_businesses_browser", "test_host_project", "test_tasks_backend",
+             "test_own_connection"}
+# Marked test by test: the demo's smoke test runs in both legs, its broker fallbacks in one; the
+# bench's tiny runs in one, but that of the backend of Django's tasks framework.
+EACH_TEST_SAYS = {"test_bench", "test_demo"}
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        if item.path.parent == HERE and item.path.stem not in DJANGO_VERSION_MATTERS:
+        if item.path.parent != HERE:
+            continue
+        module = item.path.stem
+        if module in ONE_LEG:
             item.add_marker(pytest.mark.one_leg)
+        elif module not in BOTH_LEGS | EACH_TEST_SAYS:
+            raise pytest.UsageError(f"tests/system/{module}.py: name it in ONE_LEG, BOTH_LEGS or EACH_TEST_SAYS "
+                                    "of tests/system/conftest.py, which say where its tests run")
 
 
 @pytest.fixture

@@ -167,17 +167,17 @@ def _again_if_broken(query: str, params: dict, delays, partition=None):
 def _retried(query: str, delays, statement):
     """statement(); after a connection error, again on a new connection after each delay in turn
     (the last try's error propagates). Inside the caller's transaction an error always propagates."""
+    db = worker_connection.current()  # a retry in the caller's transaction takes its savepoint on this shard
     for delay in delays:
         try:
-            return retry_on_conflict(statement)
+            return retry_on_conflict(statement, using=db.alias)
         except (OperationalError, InterfaceError) as exc:
-            db = worker_connection.current()
             if db.in_atomic_block:
                 raise
             logger.warning("timeouts: %s failed (%s); reconnecting in %.1f s", query, exc, delay)
             db.close()
             time.sleep(delay)
-    return retry_on_conflict(statement)
+    return retry_on_conflict(statement, using=db.alias)
 
 
 def _where_the_row_is(query: str, params: dict, partition):

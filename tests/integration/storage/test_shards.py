@@ -182,40 +182,28 @@ def test_a_django_task_cancelled_in_a_transaction_on_its_shard_follows_a_row_mov
     with transaction.atomic(using="shard_b"):
         result = django_tasks.add.using(run_after=in_an_hour()).enqueue(1, 1)
     job_id = int(result.id.split("-")[0])
-    moved, release_move = threading.Event(), threading.Event()
-    outcome = {}
-
-    def reschedule_and_hold():
-        try:
-            with transaction.atomic(using="shard_b"):
-                outcome["moved"] = TimeoutTask.objects.using("shard_b").get(job_id=job_id).reschedule(
-                    delay=timedelta(days=5))
-                moved.set()
-                release_move.wait(10)
-        finally:
-            connections.close_all()
-
-    def cancel_in_a_transaction():
-        try:
-            with transaction.atomic(using="shard_b"):
-                outcome["cancelled"] = backend_cancel(result.id)
-        except Exception as exc:  # noqa: BLE001 - handed to the test
-            outcome["error"] = exc
-        finally:
-            connections.close_all()
-
-    mover = threading.Thread(target=reschedule_and_hold)
-    mover.start()
-    assert moved.wait(10)
-    canceller = threading.Thread(target=cancel_in_a_transaction)
-    canceller.start()
-    canceller.join(0.3)
-    assert canceller.is_alive()  # waits for the mover's row lock
-    release_move.set()
-    mover.join(10), canceller.join(10)
+    outcome = while_a_reschedule_moves_it(job_id, lambda: backend_cancel(result.id))
     assert outcome.get("moved") is True
-    assert outcome.get("error") is None and outcome.get("cancelled") is True
+    assert outcome.get("error") is None and outcome.get("value") is True
     assert TimeoutTask.objects.using("shard_b").get(job_id=job_id).status == Status.CANCELLED
+
+
+def test_a_message_run_in_a_transaction_on_its_shard_follows_a_row_moved_meanwhile(starts):
+    """A move under the compare-and-set start (SQLSTATE 40001) of a message run in the caller's
+    process is retried in a savepoint of the caller's transaction on the task's shard, not of one on
+    default, so the transaction goes on and the stale message is dropped."""
+    task = timeouts.schedule("test.record", key_on("shard_b", "moved-under-start"), delay=0)
+    with worker_connection.shared("shard_b"):
+        [claim] = claim_due(10)
+
+    def run_then_read():
+        ran = tasks.run(*claim.message_args(), **claim.message_kwargs())
+        return ran, TimeoutTask.objects.using("shard_b").get(job_id=task.job_id).status
+
+    outcome = while_a_reschedule_moves_it(task.job_id, run_then_read)
+    assert outcome.get("moved") is True
+    assert outcome.get("error") is None and outcome.get("value") == ("dropped", Status.PENDING)
+    assert starts.count() == 0
 
 
 def where_call(task_id) -> list[str]:
@@ -469,6 +457,44 @@ def test_inside_a_test_case_that_wraps_every_database_scheduling_works(broker):
 
 
 # -- helpers -----------------------------------------------------------------------------------------
+
+
+def while_a_reschedule_moves_it(job_id, call):
+    """call() in a transaction on shard_b, in a thread, while another transaction there has moved the
+    task `job_id` to another partition (a reschedule): that one commits once call() waits for the
+    row's lock. Returns {"moved": the reschedule's result, "value": call()'s, or "error": what it raised}."""
+    moved, release_move = threading.Event(), threading.Event()
+    outcome = {}
+
+    def reschedule_and_hold():
+        try:
+            with transaction.atomic(using="shard_b"):
+                outcome["moved"] = TimeoutTask.objects.using("shard_b").get(job_id=job_id).reschedule(
+                    delay=timedelta(days=5))
+                moved.set()
+                release_move.wait(10)
+        finally:
+            connections.close_all()
+
+    def call_in_a_transaction():
+        try:
+            with transaction.atomic(using="shard_b"):
+                outcome["value"] = call()
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            outcome["error"] = exc
+        finally:
+            connections.close_all()
+
+    mover = threading.Thread(target=reschedule_and_hold)
+    mover.start()
+    assert moved.wait(10)
+    caller = threading.Thread(target=call_in_a_transaction)
+    caller.start()
+    caller.join(0.3)
+    assert caller.is_alive()  # waits for the mover's row lock
+    release_move.set()
+    mover.join(10), caller.join(10)
+    return outcome
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import pytest
 from django.db import connection, transaction
 
 import timeouts
+from tests.support.worker_steps import claim_one, in_thread, sql
 from timeouts import registry
 from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
@@ -25,22 +26,12 @@ def due_task(biz_type="test.record", biz_id=1, **kwargs):
     return TimeoutTask.objects.schedule(biz_type, biz_id, delay=-0.001, **kwargs)
 
 
-def claim_one():
-    [claim] = claim_due(10)
-    return claim
-
-
 def run_message(claim):
     return running.run(claim.fence)
 
 
 def reload(task):
     return TimeoutTask.objects.get(job_id=task.job_id, action_time=task.action_time)
-
-
-def sql(statement, params=()):
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
 
 
 def test_happy_path(starts):
@@ -199,22 +190,6 @@ def test_rescheduled_message_is_dropped_not_waited_for(starts):
     assert task.reschedule(delay=3600) is True  # DISPATCHED, not started: may still move
     assert run_message(claim) == "dropped"
     assert starts.count() == 0 and reload(task).status == Status.PENDING
-
-
-def in_thread(func):
-    result = {}
-
-    def target():
-        try:
-            result["value"] = func()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            result["error"] = exc
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, result
 
 
 def test_cancel_waits_for_a_concurrent_start_and_then_loses(starts):

@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 import timeouts
 from tests.support import processes
 from tests.support.isolation import no_limits  # noqa: F401  (a fixture)
+from tests.support.worker_steps import claim_one, in_thread, sql
 from tests.testapp import tasks as durable_tasks
 from tests.testapp.recorder import record
 from timeouts import events, registry
@@ -36,18 +37,8 @@ def scheduled(biz_type="test.record", biz_id=1, ago=30.0):
     return TimeoutTask.objects.schedule(biz_type, biz_id, at=datetime.now(UTC) - timedelta(seconds=ago))
 
 
-def claim_one():
-    [claim] = claim_due(10)
-    return claim
-
-
 def reload(task):
     return TimeoutTask.objects.get(job_id=task.job_id)  # a requeue moves action_time
-
-
-def sql(statement, params=()):
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
 
 
 @pytest.fixture
@@ -201,22 +192,6 @@ def test_the_text_the_start_writes_is_the_one_lateness_reads():
 
 
 # --- Races with a cancel, on separate connections ------------------------------------------------------
-
-def in_thread(func):
-    result = {}
-
-    def target():
-        try:
-            result["value"] = func()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            result["error"] = exc
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, result
-
 
 def waiting_for_a_row_lock(thread_count=1):
     """Until that many other sessions of this database wait for a lock (read on this connection)."""

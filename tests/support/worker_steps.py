@@ -1,0 +1,38 @@
+"""What the tests that drive the worker's steps in the test process share: the claim of the one task
+due, a statement on the test's connection, and a call in a thread of its own, on a connection of its
+own (the other side of a race)."""
+
+import threading
+
+from django.db import connection
+
+from timeouts.dispatch.claiming import claim_due
+
+
+def claim_one():
+    """The claim of the one task due now (the test fails if there are more, or none)."""
+    [claim] = claim_due(10)
+    return claim
+
+
+def sql(statement, params=()):
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+
+
+def in_thread(func):
+    """Start func() in a thread; returns (the thread, {"value": what it returned, or "error": what it
+    raised}). The thread's database connection is closed when func() ends."""
+    result = {}
+
+    def target():
+        try:
+            result["value"] = func()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            result["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, result
