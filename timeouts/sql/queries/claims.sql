@@ -40,12 +40,13 @@ pending_types AS (
 -- take different tasks. The row comparison bounds the scan in the (biz_type, run_at) index, which
 -- no other index can use: the run_at one would read the other biz_types' due tasks to find these,
 -- the admin's (biz_type, action_time) one sort all of theirs. Implied by run_at >= action_time,
--- action_time <= due_by is spelled out so future partitions are pruned.
+-- a bound on action_time is spelled out so future partitions are pruned: now() + lead (due_by's
+-- value), pruned when the claim starts (claim_due says why never as it runs).
 SELECT t.job_id, t.action_time, t.tableoid, t.ctid, t.run_at
 FROM timeouts_task AS t
 WHERE t.status = :PENDING AND t.biz_type = w.biz_type
   AND (t.biz_type, t.run_at) <= (w.biz_type, (SELECT due_by FROM clock))
-  AND t.action_time <= (SELECT due_by FROM clock)
+  AND t.action_time <= now() + %(lead)s * interval '1 second'
 ORDER BY t.run_at
 LIMIT w.take
 FOR UPDATE SKIP LOCKED
@@ -59,17 +60,24 @@ FOR UPDATE SKIP LOCKED
 -- and pauses of timeouts_limits, skipping rows another claimer or a cancel holds. A claim takes a
 -- lease of the task's TTR; attempts is counted when the handler starts, not here.
 --
--- The scans that choose tasks compare times with `clock.due_by`, a value the planner cannot see (an
--- InitPlan), rather than with now() + %(lead)s: their plans then do not depend on the parameters or
+-- The scans that choose tasks bound run_at by `clock.due_by`, a value the planner cannot see (an
+-- InitPlan), rather than by now() + %(lead)s: their plans then do not depend on the parameters or
 -- the clock, and PostgreSQL keeps the generic plan of the prepared claim instead of planning it
 -- again for every claim (a cost that grows with its partitions times its references to the table).
--- They prune future partitions as they run. The counts and the UPDATE, whose plans the estimates do
--- not change, prune with now() + %(lead)s when the claim starts, which spares setting up their
--- scans of future partitions. Estimated with defaults, the plan is kept to shapes that read what
--- they return whatever the estimates: LATERAL index scans with LIMIT, and the UPDATE's rows found
--- by ctid. The LIMIT 5000 of the two rounds never cuts a claim (claiming.MAX_CLAIM) but caps their
--- estimates, whose cost would otherwise grow with the table and cross jit_above_cost (JIT compiling
--- this plan would cost far more than the claim).
+-- Every scan prunes future partitions with now() + %(lead)s when the claim starts, which also
+-- spares setting up their scans. Only the UPDATE prunes as it runs (to the one partition of each
+-- row), and it is the statement itself, not a WITH query: when a locking scan finds a row that
+-- another claimer took since this statement's snapshot, PostgreSQL 18 sets up that scan and every
+-- WITH query again for its recheck of the row (EvalPlanQual), sharing their run-time pruning state
+-- with the statement, and leaves that state in the recheck's freed memory. The next recheck or
+-- run-time pruning then crashes the server (SIGSEGV, or "pfree called with invalid pointer", seen
+-- on 18.6) or prunes the wrong partitions (a chosen row left unclaimed). The UPDATE changes only
+-- rows this statement locked, so it never rechecks one itself.
+-- Estimated with defaults, the plan is kept to shapes that read what they return whatever the
+-- estimates: LATERAL index scans with LIMIT, and the UPDATE's rows found by ctid. The LIMIT 5000
+-- of the two rounds never cuts a claim (claiming.MAX_CLAIM) but caps their estimates, whose cost
+-- would otherwise grow with the table and cross jit_above_cost (JIT compiling this plan would cost
+-- far more than the claim).
 WITH RECURSIVE
 clock AS (
     SELECT now() + %(lead)s * interval '1 second' AS due_by
@@ -215,44 +223,44 @@ chosen AS (
     ORDER BY c.nth, s.rank
     LIMIT (SELECT n FROM budget)
 ),
-claimed AS (
-    UPDATE timeouts_task AS t
-    SET status = :DISPATCHED, dispatched_at = now(), modified_at = now(),
-        lease_until = now() + t.ttr * interval '1 second'
-    FROM chosen AS due
-    -- Each row is found again where it was locked (it cannot move while locked): its partition,
-    -- then its ctid, by a TID scan of the chosen ctids. Joined by key alone, a partition whose
-    -- statistics predate a burst scheduled into it is searched through the admin's (action_time)
-    -- index, which then reads every task due at that instant for each one claimed; and a generic
-    -- plan may hash every due row of the partition. A row that another transaction changed after
-    -- this statement's snapshot is not found again here: it stays PENDING, and the next claim
-    -- takes it.
-    WHERE t.ctid = ANY (ARRAY(SELECT ctid FROM chosen))
-      AND t.tableoid = due.tableoid AND t.ctid = due.ctid AND t.job_id = due.job_id
-      AND t.action_time = due.action_time
-      -- Repeated for the UPDATE's own scan, so it too skips future partitions.
-      AND t.action_time <= now() + %(lead)s * interval '1 second'
-    -- The partition that holds the row: the worker's start and DONE run on it (queries.py, ON_PARTITION).
-    -- A task of a kind whose claims come with their attribute (timeouts/registry.py: a stored Celery call,
-    -- the call its message is made of) has it here: its biz_type starts with one of
-    -- the parameter attribute_prefixes (`^@`: starts with); a handler's task, without.
-    -- biz_id and trace_context (NULL unless scheduled inside a span): for the dispatch's span (tracing.py).
-    RETURNING t.job_id, t.action_time, t.run_at, t.biz_type, t.attempts, t.ttr, now() AS claimed_at,
-              t.tableoid::regclass::text AS partition,
-              CASE WHEN t.biz_type ^@ ANY (%(attribute_prefixes)s::text[]) THEN t.attribute END AS call,
-              t.biz_id, t.trace_context
-),
 -- The limited biz_types' rows: what their claims used of the bucket, and a new row version, which
--- tells a claimer whose snapshot is older that its counts are stale.
+-- tells a claimer whose snapshot is older that its counts are stale. Counted from `chosen`: the
+-- UPDATE below is the statement itself, whose rows no WITH query can read (so that it prunes as it
+-- runs outside them, see above). A chosen row that the UPDATE does not find again (changed since
+-- the snapshot, and still due) is counted too: its biz_type's bucket gives one claim fewer.
 spent AS (
     UPDATE timeouts_limits AS l
     SET tokens = greatest(0, coalesce(a.available, 0) - c.n),
         refilled_at = greatest(l.refilled_at, (SELECT due_by FROM clock))
-    FROM (SELECT biz_type, count(*) AS n FROM claimed GROUP BY biz_type) AS c
+    FROM (SELECT biz_type, count(*) AS n FROM chosen GROUP BY biz_type) AS c
     JOIN allowed AS a USING (biz_type)
     WHERE l.biz_type = c.biz_type AND a.n IS NOT NULL
 )
-SELECT * FROM claimed;
+UPDATE timeouts_task AS t
+SET status = :DISPATCHED, dispatched_at = now(), modified_at = now(),
+    lease_until = now() + t.ttr * interval '1 second'
+FROM chosen AS due
+-- Each row is found again where it was locked (it cannot move while locked): its partition,
+-- then its ctid, by a TID scan of the chosen ctids. Joined by key alone, a partition whose
+-- statistics predate a burst scheduled into it is searched through the admin's (action_time)
+-- index, which then reads every task due at that instant for each one claimed; and a generic
+-- plan may hash every due row of the partition. A row that another transaction changed after
+-- this statement's snapshot is not found again here: it stays PENDING, and the next claim
+-- takes it.
+WHERE t.ctid = ANY (ARRAY(SELECT ctid FROM chosen))
+  AND t.tableoid = due.tableoid AND t.ctid = due.ctid AND t.job_id = due.job_id
+  AND t.action_time = due.action_time
+  -- Repeated for the UPDATE's own scan, so it too skips future partitions.
+  AND t.action_time <= now() + %(lead)s * interval '1 second'
+-- The partition that holds the row: the worker's start and DONE run on it (queries.py, ON_PARTITION).
+-- A task of a kind whose claims come with their attribute (timeouts/registry.py: a stored Celery call,
+-- the call its message is made of) has it here: its biz_type starts with one of
+-- the parameter attribute_prefixes (`^@`: starts with); a handler's task, without.
+-- biz_id and trace_context (NULL unless scheduled inside a span): for the dispatch's span (tracing.py).
+RETURNING t.job_id, t.action_time, t.run_at, t.biz_type, t.attempts, t.ttr, now() AS claimed_at,
+          t.tableoid::regclass::text AS partition,
+          CASE WHEN t.biz_type ^@ ANY (%(attribute_prefixes)s::text[]) THEN t.attribute END AS call,
+          t.biz_id, t.trace_context;
 
 
 -- name: release_claims
