@@ -7,6 +7,7 @@ import itertools
 import json
 import logging
 import threading
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -26,6 +27,7 @@ from timeouts.models import TimeoutTask
 from timeouts.storage import shards
 from timeouts.storage.partitions import list_partitions
 from timeouts.store import worker_connection
+from timeouts.store.recovery import recover_expired
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True, databases=ALIASES), pytest.mark.timeout(120)]
@@ -204,6 +206,20 @@ def test_a_message_run_in_a_transaction_on_its_shard_follows_a_row_moved_meanwhi
     assert outcome.get("moved") is True
     assert outcome.get("error") is None and outcome.get("value") == ("dropped", Status.PENDING)
     assert starts.count() == 0
+
+
+def test_lease_recovery_in_a_transaction_on_its_shard_retries_a_conflict_there():
+    """A conflict (SQLSTATE 40001) under lease recovery run in the caller's transaction on shard_b is
+    retried in a savepoint of that transaction, not of one on default, so the transaction goes on and
+    the claim whose lease ran out is taken back."""
+    task = timeouts.schedule("test.record", key_on("shard_b", "lease-ran-out"), delay=0)
+    with worker_connection.shared("shard_b"):
+        claim_due(10)
+    TimeoutTask.objects.using("shard_b").filter(job_id=task.job_id).update(
+        lease_until=datetime.now(UTC) - timedelta(seconds=1))
+    with conflict_once("shard_b"), transaction.atomic(using="shard_b"), worker_connection.shared("shard_b"):
+        assert recover_expired() == 1
+    assert TimeoutTask.objects.using("shard_b").get(job_id=task.job_id).status == Status.PENDING
 
 
 def where_call(task_id) -> list[str]:
@@ -457,6 +473,27 @@ def test_inside_a_test_case_that_wraps_every_database_scheduling_works(broker):
 
 
 # -- helpers -----------------------------------------------------------------------------------------
+
+
+@contextmanager
+def conflict_once(alias):
+    """The next UPDATE of a task on `alias` fails with a serialization failure (SQLSTATE 40001), as
+    under a concurrent move to another partition, but on cue; the ones after it go through. A
+    sequence counts the UPDATEs, because a rolled-back savepoint does not roll it back."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute("CREATE SEQUENCE test_conflicts")
+        cursor.execute("CREATE FUNCTION test_conflict_once() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                       "IF nextval('test_conflicts') = 1 THEN RAISE EXCEPTION 'test conflict' "
+                       "USING ERRCODE = 'serialization_failure'; END IF; RETURN NEW; END $$")
+        cursor.execute("CREATE TRIGGER test_conflict_once BEFORE UPDATE ON timeouts_task "
+                       "FOR EACH ROW EXECUTE FUNCTION test_conflict_once()")
+    try:
+        yield
+    finally:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("DROP TRIGGER test_conflict_once ON timeouts_task")
+            cursor.execute("DROP FUNCTION test_conflict_once()")
+            cursor.execute("DROP SEQUENCE test_conflicts")
 
 
 def while_a_reschedule_moves_it(job_id, call):
