@@ -18,6 +18,7 @@ from django.db import connections, transaction
 import timeouts
 import timeouts.celery
 from tests.support.shards import ALIASES, key_on, three_shards, unreachable  # noqa: F401 (an autouse fixture)
+from tests.support.worker_steps import in_thread
 from timeouts import checks, tasks
 from timeouts.backends import cancel as backend_cancel
 from timeouts.dispatch.claiming import claim_due, release
@@ -501,37 +502,26 @@ def while_a_reschedule_moves_it(job_id, call):
     task `job_id` to another partition (a reschedule): that one commits once call() waits for the
     row's lock. Returns {"moved": the reschedule's result, "value": call()'s, or "error": what it raised}."""
     moved, release_move = threading.Event(), threading.Event()
-    outcome = {}
 
     def reschedule_and_hold():
-        try:
-            with transaction.atomic(using="shard_b"):
-                outcome["moved"] = TimeoutTask.objects.using("shard_b").get(job_id=job_id).reschedule(
-                    delay=timedelta(days=5))
-                moved.set()
-                release_move.wait(10)
-        finally:
-            connections.close_all()
+        with transaction.atomic(using="shard_b"):
+            result = TimeoutTask.objects.using("shard_b").get(job_id=job_id).reschedule(delay=timedelta(days=5))
+            moved.set()
+            release_move.wait(10)
+        return result
 
     def call_in_a_transaction():
-        try:
-            with transaction.atomic(using="shard_b"):
-                outcome["value"] = call()
-        except Exception as exc:  # noqa: BLE001 - handed to the test
-            outcome["error"] = exc
-        finally:
-            connections.close_all()
+        with transaction.atomic(using="shard_b"):
+            return call()
 
-    mover = threading.Thread(target=reschedule_and_hold)
-    mover.start()
+    mover, move = in_thread(reschedule_and_hold)
     assert moved.wait(10)
-    caller = threading.Thread(target=call_in_a_transaction)
-    caller.start()
+    caller, outcome = in_thread(call_in_a_transaction)
     caller.join(0.3)
     assert caller.is_alive()  # waits for the mover's row lock
     release_move.set()
     mover.join(10), caller.join(10)
-    return outcome
+    return {"moved": move.get("value"), **outcome}
 
 
 @pytest.fixture
