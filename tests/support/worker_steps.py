@@ -4,7 +4,7 @@ own (the other side of a race)."""
 
 import threading
 
-from django.db import connection
+from django.db import connection, connections
 
 from timeouts.dispatch.claiming import claim_due
 
@@ -22,7 +22,7 @@ def sql(statement, params=()):
 
 def in_thread(func):
     """Start func() in a thread; returns (the thread, {"value": what it returned, or "error": what it
-    raised}). The thread's database connection is closed when func() ends."""
+    raised}). The thread's database connections (to every database it used) are closed when func() ends."""
     result = {}
 
     def target():
@@ -31,7 +31,7 @@ def in_thread(func):
         except BaseException as exc:  # noqa: BLE001 - handed to the test
             result["error"] = exc
         finally:
-            connection.close()
+            connections.close_all()
 
     thread = threading.Thread(target=target)
     thread.start()

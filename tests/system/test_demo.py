@@ -15,7 +15,12 @@ from psycopg import sql
 
 from tests.support.processes import ROOT, free_port
 
-SMOKE_DB = "timeouts_demo_smoke"
+
+def _smoke_db() -> str:
+    """The demo's database, named after this run's test database: two runs at once (each on a test
+    database of its own) do not share it, and a run killed before dropping it leaves one that the
+    next run on the same test database drops first."""
+    return f"{settings.DATABASES['default']['TEST']['NAME']}_demo_smoke"
 
 
 def _admin_connection():
@@ -26,20 +31,20 @@ def _admin_connection():
     )
 
 
-def _drop(conn):
-    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(SMOKE_DB)))
+def _drop(conn, name):
+    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @pytest.fixture
 def smoke_database():
-    db = settings.DATABASES["default"]
+    db, name = settings.DATABASES["default"], _smoke_db()
     with _admin_connection() as conn:
-        _drop(conn)
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(SMOKE_DB)))
+        _drop(conn, name)
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     password = f":{db['PASSWORD']}" if db["PASSWORD"] else ""
-    yield f"postgres://{db['USER']}{password}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{SMOKE_DB}"
+    yield f"postgres://{db['USER']}{password}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{name}"
     with _admin_connection() as conn:
-        _drop(conn)
+        _drop(conn, name)
 
 
 @pytest.fixture

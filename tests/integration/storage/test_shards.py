@@ -7,6 +7,7 @@ import itertools
 import json
 import logging
 import threading
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -17,6 +18,7 @@ from django.db import connections, transaction
 import timeouts
 import timeouts.celery
 from tests.support.shards import ALIASES, key_on, three_shards, unreachable  # noqa: F401 (an autouse fixture)
+from tests.support.worker_steps import in_thread
 from timeouts import checks, tasks
 from timeouts.backends import cancel as backend_cancel
 from timeouts.dispatch.claiming import claim_due, release
@@ -26,6 +28,7 @@ from timeouts.models import TimeoutTask
 from timeouts.storage import shards
 from timeouts.storage.partitions import list_partitions
 from timeouts.store import worker_connection
+from timeouts.store.recovery import recover_expired
 
 Status = TimeoutTask.Status
 pytestmark = [pytest.mark.django_db(transaction=True, databases=ALIASES), pytest.mark.timeout(120)]
@@ -204,6 +207,20 @@ def test_a_message_run_in_a_transaction_on_its_shard_follows_a_row_moved_meanwhi
     assert outcome.get("moved") is True
     assert outcome.get("error") is None and outcome.get("value") == ("dropped", Status.PENDING)
     assert starts.count() == 0
+
+
+def test_lease_recovery_in_a_transaction_on_its_shard_retries_a_conflict_there():
+    """A conflict (SQLSTATE 40001) under lease recovery run in the caller's transaction on shard_b is
+    retried in a savepoint of that transaction, not of one on default, so the transaction goes on and
+    the claim whose lease ran out is taken back."""
+    task = timeouts.schedule("test.record", key_on("shard_b", "lease-ran-out"), delay=0)
+    with worker_connection.shared("shard_b"):
+        claim_due(10)
+    TimeoutTask.objects.using("shard_b").filter(job_id=task.job_id).update(
+        lease_until=datetime.now(UTC) - timedelta(seconds=1))
+    with conflict_once("shard_b"), transaction.atomic(using="shard_b"), worker_connection.shared("shard_b"):
+        assert recover_expired() == 1
+    assert TimeoutTask.objects.using("shard_b").get(job_id=task.job_id).status == Status.PENDING
 
 
 def where_call(task_id) -> list[str]:
@@ -459,42 +476,52 @@ def test_inside_a_test_case_that_wraps_every_database_scheduling_works(broker):
 # -- helpers -----------------------------------------------------------------------------------------
 
 
+@contextmanager
+def conflict_once(alias):
+    """The next UPDATE of a task on `alias` fails with a serialization failure (SQLSTATE 40001), as
+    under a concurrent move to another partition, but on cue; the ones after it go through. A
+    sequence counts the UPDATEs, because a rolled-back savepoint does not roll it back."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute("CREATE SEQUENCE test_conflicts")
+        cursor.execute("CREATE FUNCTION test_conflict_once() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                       "IF nextval('test_conflicts') = 1 THEN RAISE EXCEPTION 'test conflict' "
+                       "USING ERRCODE = 'serialization_failure'; END IF; RETURN NEW; END $$")
+        cursor.execute("CREATE TRIGGER test_conflict_once BEFORE UPDATE ON timeouts_task "
+                       "FOR EACH ROW EXECUTE FUNCTION test_conflict_once()")
+    try:
+        yield
+    finally:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("DROP TRIGGER test_conflict_once ON timeouts_task")
+            cursor.execute("DROP FUNCTION test_conflict_once()")
+            cursor.execute("DROP SEQUENCE test_conflicts")
+
+
 def while_a_reschedule_moves_it(job_id, call):
     """call() in a transaction on shard_b, in a thread, while another transaction there has moved the
     task `job_id` to another partition (a reschedule): that one commits once call() waits for the
     row's lock. Returns {"moved": the reschedule's result, "value": call()'s, or "error": what it raised}."""
     moved, release_move = threading.Event(), threading.Event()
-    outcome = {}
 
     def reschedule_and_hold():
-        try:
-            with transaction.atomic(using="shard_b"):
-                outcome["moved"] = TimeoutTask.objects.using("shard_b").get(job_id=job_id).reschedule(
-                    delay=timedelta(days=5))
-                moved.set()
-                release_move.wait(10)
-        finally:
-            connections.close_all()
+        with transaction.atomic(using="shard_b"):
+            result = TimeoutTask.objects.using("shard_b").get(job_id=job_id).reschedule(delay=timedelta(days=5))
+            moved.set()
+            release_move.wait(10)
+        return result
 
     def call_in_a_transaction():
-        try:
-            with transaction.atomic(using="shard_b"):
-                outcome["value"] = call()
-        except Exception as exc:  # noqa: BLE001 - handed to the test
-            outcome["error"] = exc
-        finally:
-            connections.close_all()
+        with transaction.atomic(using="shard_b"):
+            return call()
 
-    mover = threading.Thread(target=reschedule_and_hold)
-    mover.start()
+    mover, move = in_thread(reschedule_and_hold)
     assert moved.wait(10)
-    caller = threading.Thread(target=call_in_a_transaction)
-    caller.start()
+    caller, outcome = in_thread(call_in_a_transaction)
     caller.join(0.3)
     assert caller.is_alive()  # waits for the mover's row lock
     release_move.set()
     mover.join(10), caller.join(10)
-    return outcome
+    return {"moved": move.get("value"), **outcome}
 
 
 @pytest.fixture

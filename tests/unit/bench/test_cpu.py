@@ -8,6 +8,7 @@ import pytest
 from benchmarks import cpu, durable, report
 from benchmarks.config import BenchConfig
 from benchmarks.durable_cpu import broker_port, figures, session_role
+from tests.unit.bench.sections import sections
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -203,9 +204,7 @@ def test_the_scenario_has_its_ratio_target_and_table():
     ratio_target = next(name for name in targets if "<= 1.25" in name)
     assert targets[ratio_target] == (pytest.approx(1.4), False)
     assert targets["durable_cpu: missing + duplicates = 0 (every run, both variants)"] == (0, True)
-    result = {"summary": summary, "config": BenchConfig().public(), "ratios": ratios, "peers_summary": {},
-              "targets": []}
-    tables = {title: rows for title, _, rows in report.sections(result)}
+    tables = {title: rows for title, _, rows in sections(summary, ratios)}
     ours = [rows for title, rows in tables.items() if title.startswith("durable_cpu")]
     assert len(ours) == 2  # the groups, and PostgreSQL's split by the process each session serves
     assert [row[0] for row in ours[0]] == ["DurableTask", "plain Celery message"]

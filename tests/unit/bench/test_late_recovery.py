@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from benchmarks import late_recovery, report
-from benchmarks.config import BenchConfig
 from benchmarks.handlers import MUST_RUN, SKIPPABLE
 from benchmarks.late_recovery import BACKLOG, STREAM, Row, outcome, recovery_time
+from tests.unit.bench.sections import sections
 from timeouts.limiting.lateness import NOT_RUN
 from timeouts.states import Status
 
@@ -120,7 +120,5 @@ def test_the_scenario_has_its_ratio_targets_and_table():
     checks = {name: (value, check(value)) for _, name, value, check in late_recovery.targets(summary, ratios)}
     assert checks["late_recovery: on time again after the outage, without the policy / with it >= 2"] == (1.95, False)
     assert checks["late_recovery: lost + run twice + early = 0 (every run, both variants)"] == (0, True)
-    result = {"summary": summary, "config": BenchConfig().public(), "ratios": ratios, "peers_summary": {},
-              "targets": []}
-    tables = {title.split(":")[0]: rows for title, _, rows in report.sections(result)}
+    tables = {title.split(":")[0]: rows for title, _, rows in sections(summary, ratios)}
     assert [row[0] for row in tables["late_recovery"]] == [late_recovery.LABELS[v] for v in ("policy", "no_policy")]

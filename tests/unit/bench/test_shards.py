@@ -13,10 +13,10 @@ import pytest
 from django.test import override_settings
 
 from benchmarks import report, shards
-from benchmarks.config import BenchConfig
 from benchmarks.shard_load import claim_rate, keys_on, shard_of
 from benchmarks.shard_servers import CpuMeter
 from tests.support.processes import ROOT
+from tests.unit.bench.sections import sections
 from timeouts.storage import shards as timeouts_shards
 
 pytestmark = pytest.mark.timeout(30)
@@ -123,7 +123,5 @@ def test_the_shard_scenarios_have_their_ratios_targets_and_tables():
     window = ("shards_rate: no 1 s window with more than 220 starts on all the shards together "
               "(every run, both variants)")
     assert targets[window] == 210 and checks[window] is True
-    result = {"summary": summary, "config": BenchConfig().public(), "ratios": ratios, "peers_summary": {},
-              "targets": []}
-    titles = [title for title, _, _ in report.sections(result)]
+    titles = [title for title, _, _ in sections(summary, ratios)]
     assert sum(title.startswith("shards_") for title in titles) == 5

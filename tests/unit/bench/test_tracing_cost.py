@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from benchmarks import report, span_sink, tracing_cost
-from benchmarks.config import BenchConfig
 from tests.support.processes import ROOT
+from tests.unit.bench.sections import sections
 from timeouts import tracing
 
 pytestmark = pytest.mark.timeout(60)
@@ -81,7 +81,5 @@ def test_the_scenario_has_its_ratios_targets_and_table():
     assert checks["tracing: spread lateness p99, on / off <= 1.05"] == (1.1, False)
     assert checks["tracing: drain starts/s, on / off >= 0.95"] == (0.94, False)
     assert checks["tracing: missing + duplicates + early = 0, spread and drain (every run, both variants)"] == (0, True)
-    result = {"summary": summary, "config": BenchConfig().public(), "ratios": ratios, "peers_summary": {},
-              "targets": []}
-    tables = {title.split(":")[0]: rows for title, _, rows in report.sections(result)}
+    tables = {title.split(":")[0]: rows for title, _, rows in sections(summary, ratios)}
     assert [row[0] for row in tables["tracing"]] == [tracing_cost.LABELS[v] for v in ("off", "on")]
