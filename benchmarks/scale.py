@@ -12,7 +12,8 @@ One repeat, on one worker (`concurrency` processes), the dispatcher started afre
    runs `churn_ahead` seconds before the spread starts, so cancels and due survivors are steady;
 3. the background: `scale_rows` PENDING tasks loaded straight in SQL into the project's partitions
    (maintain() first), due from `scale_lead` seconds after the load to the end of the last partition
-   ahead, then VACUUM ANALYZEd (scale_load.py): the load's time and the table's size on disk;
+   ahead, then VACUUM ANALYZEd and checkpointed (scale_load.py): the load's time and the table's
+   size on disk;
 4. `loaded` and `loaded_churn`: 1 and 2 again with the background in place.
 
 The two states without churn and the two with it swap places in odd repeats. Before each phase the
@@ -47,22 +48,22 @@ SCENARIOS = ("scale",)
 VARIANTS = ("empty", "empty_churn", "loaded", "loaded_churn")
 LABELS = {"empty": "empty table", "empty_churn": "empty table, churn",
           "loaded": "with the background rows", "loaded_churn": "with the background rows, churn"}
-MEASURED = ("p50_ms", "p99_ms", "max_ms", "missing", "duplicates", "early", "drain_per_s", "claim_per_s",
+MEASURED = ("p50_ms", "p99_ms", "max_ms", "missing", "duplicates", "early", "sched_per_s", "drain_per_s", "claim_per_s",
             "drain_missing", "drain_duplicates", "drain_early", "churn_per_s", "churn_cancel_per_s",
             "churn_cancel_missed", "background_due", "loadavg_1min", "cpu_steal_pct")
-LOADED = ("rows", "load_s", "load_rows_per_s", "vacuum_s", "partitions", "partitions_with_rows", "default_rows",
-          "heap_mb", "indexes_mb", "total_mb", "bytes_per_row")
+LOADED = ("rows", "load_s", "load_rows_per_s", "vacuum_s", "checkpoint_s", "partitions", "partitions_with_rows",
+          "default_rows", "heap_mb", "indexes_mb", "total_mb", "bytes_per_row")
 METRICS = {"scale": MEASURED}
-HEADERS = {"scale": ["spread p50 ms", "p99 ms", "max ms", "missing", "dup", "early", "drain starts/s",
+HEADERS = {"scale": ["spread p50 ms", "p99 ms", "max ms", "missing", "dup", "early", "schedule()/s", "drain starts/s",
                      "claim+publish/s", "drain missing", "drain dup", "drain early", "churn schedule()/s",
                      "cancel()/s", "cancel found nothing", "background due", "load 1 min", "steal %"]}
 TITLES = {"scale": ("{n_spread:,} tasks due over {window:g} s (lateness, ms) and {n_drain:,} already due (drain), "
                     "dispatcher; background: {scale_rows:,} pending tasks due in the partitions ahead; churn: "
                     "{churn_rate:g} schedule()/s due {churn_ahead:g} s ahead, {churn_cancel:.0%} cancelled")}
 # (scenario, title, headers, metrics): the background's own table (report.MORE_TABLES)
-MORE_TABLES = (("scale", "scale: the background rows (set-based INSERT, then VACUUM ANALYZE; MB on disk)",
-                ["rows", "load s", "rows/s", "vacuum s", "partitions", "with rows", "in DEFAULT", "heap MB",
-                 "indexes MB", "total MB", "bytes/row"], LOADED),)
+MORE_TABLES = (("scale", "scale: the background rows (set-based INSERT, VACUUM ANALYZE, CHECKPOINT; MB on disk)",
+                ["rows", "load s", "rows/s", "vacuum s", "checkpoint s", "partitions", "with rows", "in DEFAULT",
+                 "heap MB", "indexes MB", "total MB", "bytes/row"], LOADED),)
 MEASURED_TYPES = (NOOP, PROBE)
 READY_TIMEOUT = 120.0  # seconds for the churn writer to set up
 BACKGROUND_DUE = "SELECT count(*) FROM timeouts_task WHERE biz_type = %s AND action_time <= clock_timestamp()"
@@ -100,6 +101,7 @@ def _load(ctx) -> dict:
     out = background.load(connect, cfg.scale_rows, start, end, jobs=cfg.scale_jobs)
     note(f"scale: loaded in {out['load_s']:g} s; VACUUM ANALYZE")
     out.update(background.vacuum_analyze(connect, ctx.conn, jobs=cfg.scale_jobs))
+    out.update(background.checkpoint(ctx.conn))
     out.update(background.sizes(ctx.conn))
     out["bytes_per_row"] = background.per_row_bytes(out["total_mb"], cfg.scale_rows)
     settings = get_settings()
