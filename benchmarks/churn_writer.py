@@ -42,6 +42,17 @@ def cancel_after(k: int, ahead: float) -> float:
     return ahead * (0.2 + 0.6 * _fraction(k, ROOT2))
 
 
+def call_times(took: dict) -> dict:
+    """{call}_ms (the mean) and {call}_p99_ms of each kind of call, from the seconds each took."""
+    out = {}
+    for call, seconds in took.items():
+        ordered = sorted(seconds)
+        out[f"{call}_ms"] = round(1000.0 * sum(ordered) / len(ordered), 3) if ordered else None
+        out[f"{call}_p99_ms"] = (round(1000.0 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 3)
+                                 if ordered else None)
+    return out
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, required=True, help="tasks scheduled per second")
@@ -66,12 +77,15 @@ def main(argv=None):
     interval, pending = 1.0 / args.rate, []
     scheduled = cancelled_count = missed = 0
     behind = 0.0
+    took = {"schedule": [], "cancel": []}  # seconds each call took, as its caller waits for it
     started = time.monotonic()
     while True:
         now = time.monotonic()
         while started + scheduled * interval <= now:
             k = scheduled
+            before = time.perf_counter()
             timeouts.schedule(CHURN, f"{prefix}{k}", delay=args.ahead)
+            took["schedule"].append(time.perf_counter() - before)
             if cancelled(k, args.cancel_share):
                 heapq.heappush(pending, (started + k * interval + cancel_after(k, args.ahead), k))
             scheduled += 1
@@ -79,7 +93,10 @@ def main(argv=None):
         now = time.monotonic()
         while pending and pending[0][0] <= now:
             _, k = heapq.heappop(pending)
-            if timeouts.cancel(CHURN, f"{prefix}{k}"):
+            before = time.perf_counter()
+            found = timeouts.cancel(CHURN, f"{prefix}{k}")
+            took["cancel"].append(time.perf_counter() - before)
+            if found:
                 cancelled_count += 1
             else:
                 missed += 1
@@ -90,7 +107,7 @@ def main(argv=None):
     seconds = time.monotonic() - started
     say(json.dumps({"scheduled": scheduled, "cancelled": cancelled_count, "cancel_missed": missed,
                     "not_yet_cancelled": len(pending), "seconds": round(seconds, 2),
-                    "max_behind_s": round(behind, 3)}))
+                    "max_behind_s": round(behind, 3), **call_times(took)}))
 
 
 if __name__ == "__main__":

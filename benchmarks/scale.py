@@ -50,13 +50,15 @@ LABELS = {"empty": "empty table", "empty_churn": "empty table, churn",
           "loaded": "with the background rows", "loaded_churn": "with the background rows, churn"}
 MEASURED = ("p50_ms", "p99_ms", "max_ms", "missing", "duplicates", "early", "sched_per_s", "drain_per_s", "claim_per_s",
             "drain_missing", "drain_duplicates", "drain_early", "churn_per_s", "churn_cancel_per_s",
-            "churn_cancel_missed", "background_due", "loadavg_1min", "cpu_steal_pct")
+            "churn_cancel_missed", "churn_schedule_ms", "churn_cancel_ms", "background_due", "loadavg_1min",
+            "cpu_steal_pct")
 LOADED = ("rows", "load_s", "load_rows_per_s", "vacuum_s", "checkpoint_s", "partitions", "partitions_with_rows",
           "default_rows", "heap_mb", "indexes_mb", "total_mb", "bytes_per_row")
 METRICS = {"scale": MEASURED}
 HEADERS = {"scale": ["spread p50 ms", "p99 ms", "max ms", "missing", "dup", "early", "schedule()/s", "drain starts/s",
                      "claim+publish/s", "drain missing", "drain dup", "drain early", "churn schedule()/s",
-                     "cancel()/s", "cancel found nothing", "background due", "load 1 min", "steal %"]}
+                     "cancel()/s", "cancel found nothing", "churn schedule() ms", "cancel() ms", "background due",
+                     "load 1 min", "steal %"]}
 TITLES = {"scale": ("{n_spread:,} tasks due over {window:g} s (lateness, ms) and {n_drain:,} already due (drain), "
                     "dispatcher; background: {scale_rows:,} pending tasks due in the partitions ahead; churn: "
                     "{churn_rate:g} schedule()/s due {churn_ahead:g} s ahead, {churn_cancel:.0%} cancelled")}
@@ -132,7 +134,8 @@ def _phase(ctx, procs, variant, rep) -> dict:
             churn = writer.result(60.0, procs.check)
             out.update(churn_per_s=round(churn["scheduled"] / churn["seconds"], 1),
                        churn_cancel_per_s=round(churn["cancelled"] / churn["seconds"], 1),
-                       churn_cancel_missed=churn["cancel_missed"], churn=churn)
+                       churn_cancel_missed=churn["cancel_missed"], churn_schedule_ms=churn.get("schedule_ms"),
+                       churn_cancel_ms=churn.get("cancel_ms"), churn=churn)
         out["background_due"] = ctx.conn.execute(BACKGROUND_DUE, (SCALE,)).fetchone()[0]
         out["loadavg_1min"] = load
         return out

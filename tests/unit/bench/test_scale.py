@@ -166,3 +166,8 @@ def test_the_tables_show_each_variant_and_the_background_once():
     load = next((h, rows) for title, h, rows in tables if title.startswith("scale: the background rows"))
     assert [row[0] for row in load[1]] == [scale.LABELS["loaded"]]  # the variants without a load are left out
     assert load[1][0][1] == "1,000,000" and load[1][0][-2] == "370"
+
+
+def test_the_churn_reports_the_mean_and_p99_of_each_kind_of_call_in_ms():
+    times = churn_writer.call_times({"schedule": [0.001] * 99 + [0.101], "cancel": []})
+    assert times == {"schedule_ms": 2.0, "schedule_p99_ms": 101.0, "cancel_ms": None, "cancel_p99_ms": None}
