@@ -11,6 +11,7 @@ from benchmarks import churn_writer, report, scale
 from benchmarks import scale_load as background
 from benchmarks.config import BenchConfig
 from benchmarks.management.commands.timeouts_bench import _count
+from tests.unit.bench.sections import sections
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -155,9 +156,7 @@ def test_the_tables_show_each_variant_and_the_background_once():
               "partitions": 15, "partitions_with_rows": 15, "default_rows": 0, "heap_mb": 200, "indexes_mb": 170,
               "total_mb": 370, "bytes_per_row": 388.0}
     next(r for r in runs if r["path"] == "loaded").update(loaded)
-    cfg = BenchConfig(scenarios=("scale",)).public()
-    result = {"summary": report.aggregate(runs), "config": cfg, "ratios": scale.ratios(runs), "targets": []}
-    tables = report.sections(result)
+    tables = sections(report.aggregate(runs), scale.ratios(runs))
 
     main = next((h, rows) for title, h, rows in tables
                 if title.startswith("scale: ") and "background rows (" not in title)
