@@ -16,9 +16,11 @@ SHARDS_SCENARIOS = ("shards_drain", "shards_outage", "shards_idle", "shards_over
 DEBOUNCE_SCENARIOS = ("debounce",)
 # The lateness policy after an outage (benchmarks/late_recovery.py); tracing on against off (tracing_cost.py).
 LATENESS_SCENARIOS, TRACING_SCENARIOS = ("late_recovery",), ("tracing",)
+# The dispatcher with many pending tasks ahead and under a churn of cancels (benchmarks/scale.py).
+SCALE_SCENARIOS = ("scale",)
 KNOWN_SCENARIOS = (SCENARIOS + DURABLE_SCENARIOS + TASKS_SCENARIOS + ISOLATION_SCENARIOS + SHARDS_SCENARIOS
                    + DEBOUNCE_SCENARIOS)
-KNOWN_SCENARIOS += LATENESS_SCENARIOS + TRACING_SCENARIOS
+KNOWN_SCENARIOS += LATENESS_SCENARIOS + TRACING_SCENARIOS + SCALE_SCENARIOS
 PATHS = ("scan", "dispatcher", "celery")  # celery = the same no-op body published directly
 PATH_LABELS = {"scan": "scan only", "dispatcher": "dispatcher", "celery": "celery direct"}
 PEER_SYSTEMS = ("naive_ln", "naive_poll", "procrastinate", "celery", "django_tasks")
@@ -34,7 +36,7 @@ SCENARIO_PATHS = {
     # Their variants are their paths.
     **{name: () for name in DURABLE_SCENARIOS + TASKS_SCENARIOS + ISOLATION_SCENARIOS + SHARDS_SCENARIOS
        + DEBOUNCE_SCENARIOS},
-    **{name: () for name in LATENESS_SCENARIOS + TRACING_SCENARIOS},
+    **{name: () for name in LATENESS_SCENARIOS + TRACING_SCENARIOS + SCALE_SCENARIOS},
 }
 
 
@@ -77,6 +79,12 @@ class BenchConfig:
     outage: float = 60.0  # late_recovery: seconds without a worker
     late_stream: float = 120.0  # late_recovery: seconds of on-time tasks due from the restart
     late_work_ms: float = 10.0  # late_recovery: milliseconds each handler waits after recording its start
+    scale_rows: int = 100000  # scale: pending tasks due in the partitions ahead (the background)
+    scale_lead: float = 3600.0  # scale: seconds from the load to the background's first due time
+    scale_jobs: int = 2  # scale: connections loading (and vacuuming) the background side by side
+    churn_rate: float = 50.0  # scale: tasks the churn schedules per second
+    churn_ahead: float = 20.0  # scale: seconds from a churned task's scheduling to its due time
+    churn_cancel: float = 0.8  # scale: the share of the churn's tasks cancelled before they fall due
     repo: str = ""  # isolation_cost: the git repository with the previous claim_due (default: the project)
     claim_sql_commit: str = ""  # isolation_cost: the commit whose claim_due is "previous" (default: found)
     shards_base_commit: str = ""  # shards_overhead: the code before shards (default: found)
@@ -116,16 +124,19 @@ class BenchConfig:
                      "n_durable_spread", "n_durable_memory", "n_durable_restart", "n_durable_cost", "n_durable_cpu",
                      "n_tasks_spread", "n_tasks_drain", "n_tasks_enqueue", "n_backlog", "n_isolation_spread",
                      "n_rate", "n_claim", "n_shards_drain", "n_shards_outage", "n_debounce", "debounce_calls",
-                     "debounce_writers", "debounce_block", "n_late"):
+                     "debounce_writers", "debounce_block", "n_late", "scale_rows", "scale_jobs"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1")
         for name in ("n_idle", "cpu_rate", "cpu_idle_seconds", "late_work_ms"):
             if getattr(self, name) < 0:
                 problems.append(f"{name} must be >= 0")
         for name in ("window", "lead", "idle_seconds", "scan_interval", "restart_from", "restart_down",
-                     "debounce_delay", "debounce_max_wait", "outage", "late_stream"):
+                     "debounce_delay", "debounce_max_wait", "outage", "late_stream", "scale_lead", "churn_rate",
+                     "churn_ahead"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0")
+        if not 0 <= self.churn_cancel <= 1:
+            problems.append("churn_cancel must be between 0 and 1")
         if not self.restart_from <= self.restart_kill_at <= self.restart_to or self.restart_from == self.restart_to:
             problems.append("restart_from < restart_to, and restart_kill_at between them")
         if problems:

@@ -30,6 +30,8 @@ SKIPPABLE = "benchmarks.skippable"  # late_recovery: a biz_type whose late tasks
 SKIP_AFTER = timedelta(seconds=5)  # ... when they would start more than this late
 MUST_RUN = "benchmarks.must_run"  # late_recovery: a biz_type whose late tasks run (no lateness policy)
 LATE_WORK_MS = "TIMEOUTS_BENCH_LATE_WORK_MS"  # environment: how long those two handlers work (sleep), in ms
+SCALE = "benchmarks.scale"  # scale: the background rows, due after the scenario ends
+CHURN = "benchmarks.churn"  # scale: the churn's tasks, most cancelled before they fall due
 WARM_TASK = "benchmarks.warm"  # opens a worker process's connections before measuring
 # DURABLE_TASK's lease (seconds): a call lost in a killed worker runs again this long after its start.
 DURABLE_TTR = 10
@@ -103,6 +105,16 @@ def skippable(task):
 def must_run(task):
     record(task.job_id, task.attempts, task.action_time, task.started_at)
     time.sleep(_late_work)
+
+
+@timeouts.handler(SCALE)
+def scale(task):
+    """Never meant to run within a run (scale.py counts the background rows that fell due)."""
+
+
+@timeouts.handler(CHURN)
+def churn(task):
+    """The churn's tasks that were not cancelled: they run, unrecorded (the measured starts are NOOP's)."""
 
 
 @shared_task(name=DIRECT_TASK, ignore_result=True)

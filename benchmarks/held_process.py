@@ -86,6 +86,13 @@ class HeldProcess:
         self.process.stdin.write(GO)
         self.process.stdin.flush()
 
+    def end_input(self):
+        """Close the child's standard input: a child that runs until it ends stops, then prints its result."""
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+
     def result(self, timeout, idle=None) -> dict:
         """The child's result: its next line, as JSON."""
         return json.loads(self.line(timeout, idle))

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from . import debounce, late_recovery, shards, tracing_cost
+from . import debounce, late_recovery, scale, shards, tracing_cost
 from .config import PATH_LABELS
 from .durable import LABELS
 from .isolation import LABELS as ISOLATION_LABELS
@@ -13,7 +13,7 @@ from .tasks_backend import LABELS as TASKS_LABELS
 
 # the variants of the scenarios that compare two ways (or more)
 DURABLE_LABELS = {**LABELS, **TASKS_LABELS, **ISOLATION_LABELS, **shards.LABELS, **debounce.LABELS,
-                  **late_recovery.LABELS, **tracing_cost.LABELS}
+                  **late_recovery.LABELS, **tracing_cost.LABELS, **scale.LABELS}
 
 TIMED_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "early",
                  "sched_per_s", "sched_overrun", "claim_per_s", "start_per_s", "drain_total_s", "cpu_steal_pct")
@@ -47,6 +47,7 @@ DURABLE_METRICS = {
     "debounce": debounce.METRICS,
     **late_recovery.METRICS,
     **tracing_cost.METRICS,
+    **scale.METRICS,
 }
 DURABLE_HEADERS = {
     "durable_spread": ["p50 ms", "p90 ms", "p99 ms", "max ms", "missing", "dup", "early", "calls/s", "steal %"],
@@ -69,6 +70,7 @@ DURABLE_HEADERS = {
     "debounce": debounce.HEADERS,
     **late_recovery.HEADERS,
     **tracing_cost.HEADERS,
+    **scale.HEADERS,
 }
 DURABLE_TITLES = {
     "durable_spread": "{n_durable_spread:,} calls due over {window:.0f} s, one worker (lateness in ms)",
@@ -90,6 +92,7 @@ DURABLE_TITLES = {
     "debounce": debounce.TITLE,
     **late_recovery.TITLES,
     **tracing_cost.TITLES,
+    **scale.TITLES,
 }
 # More tables of one scenario's runs, after its own: (scenario, title, headers, metrics).
 MORE_TABLES = (
@@ -97,6 +100,7 @@ MORE_TABLES = (
      ["caller", "worker main", "worker pool", "dispatcher", "other"],
      ("postgres_for_caller_ms", "postgres_for_worker_main_ms", "postgres_for_worker_pool_ms",
       "postgres_for_dispatcher_ms", "postgres_for_other_ms")),
+    *scale.MORE_TABLES,
 )
 PEER_METRICS = ("p50_ms", "p90_ms", "p99_ms", "max_ms", "missing", "duplicates", "schedule_per_s", "drain_per_s",
                 "idle_qps", "idle_cpu_pct")
@@ -186,7 +190,7 @@ def sections(result) -> list[tuple[str, list, list]]:
     for scenario, title, headers, metrics in MORE_TABLES:
         if scenario in s:
             rows = [[DURABLE_LABELS.get(v, v), *[cell(s[scenario][v], m) for m in metrics]]
-                    for v in DURABLE_LABELS if v in s[scenario]]
+                    for v in DURABLE_LABELS if v in s[scenario] and any(m in s[scenario][v] for m in metrics)]
             out.append((title, ["variant", *headers], rows))
     if "idle" in s:
         out.append((f"Idle cost ({cfg['n_idle']:,} tasks due in 1 h, {cfg['idle_seconds']:.0f} s window)",

@@ -20,6 +20,7 @@ from . import (
     late_recovery,
     machine,
     report,
+    scale,
     scenarios,
     shards,
     targets,
@@ -135,7 +136,8 @@ def _scenario(ctx, scenario, rep, notes) -> list[dict]:
     """Every path of one scenario in one repeat. A failed run is recorded and the bench goes on."""
     cfg, out = ctx.cfg, []
     if scenario in ("schedule", "defaults", *durable.SCENARIOS, *tasks_backend.SCENARIOS, *isolation.SCENARIOS,
-                    *shards.SCENARIOS, *debounce.SCENARIOS, *late_recovery.SCENARIOS, *tracing_cost.SCENARIOS):
+                    *shards.SCENARIOS, *debounce.SCENARIOS, *late_recovery.SCENARIOS, *tracing_cost.SCENARIOS,
+                    *scale.SCENARIOS):
         note(f"repeat {rep + 1}/{cfg.repeat}: {scenario}")
         try:
             before = machine.cpu_times()
@@ -153,6 +155,8 @@ def _scenario(ctx, scenario, rep, notes) -> list[dict]:
                 variants = late_recovery.run(ctx, scenario, rep)
             elif scenario in tracing_cost.SCENARIOS:
                 variants = tracing_cost.run(ctx, scenario, rep)
+            elif scenario in scale.SCENARIOS:
+                variants = scale.run(ctx, scenario, rep)
             else:
                 variants = (throughput if scenario == "schedule" else defaults).run(ctx, rep)
             steal = machine.steal_pct(before, machine.cpu_times())
@@ -206,6 +210,7 @@ def _finish(result, runs, peer_runs, cfg):
     ratios.update(debounce.ratios(runs))
     ratios.update(late_recovery.ratios(runs))
     ratios.update(tracing_cost.ratios(runs))
+    ratios.update(scale.ratios(runs))
     schedule = targets.schedule_ratios(runs)
     if schedule:
         ratios.setdefault("schedule", {}).update(schedule)

@@ -11,6 +11,7 @@ from .isolation import targets as isolation_targets
 from .late_recovery import targets as late_targets
 from .pairs import by_rep, paired
 from .peers import peer_scenario
+from .scale import targets as scale_targets
 from .shards import targets as shards_targets
 from .tasks_backend import targets as tasks_targets
 from .tracing_cost import targets as tracing_targets
@@ -116,6 +117,7 @@ def targets(summary, ratio_table, scan_interval, scenarios) -> list[dict]:
     rows += isolation_targets(summary, ratio_table) + shards_targets(summary, ratio_table)
     rows += debounce_targets(summary, ratio_table)
     rows += late_targets(summary, ratio_table) + tracing_targets(summary, ratio_table)
+    rows += scale_targets(summary, ratio_table)
     return [{"scenario": scenario, "target": name, "measured": value,
              "ok": None if value is None else bool(check(value))}
             for scenario, name, value, check in rows if scenario in scenarios]

@@ -1,5 +1,6 @@
 """`manage.py timeouts_bench`: the benchmark. Parses options; the bench lives in benchmarks."""
 
+import argparse
 from pathlib import Path
 
 from django.conf import settings
@@ -16,6 +17,17 @@ SIZES = ("n_spread", "n_burst", "n_drain", "n_single", "n_bulk", "n_idle", "n_du
 
 def _names(text):
     return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _count(text):
+    """A whole number, also written as 1e7 or 10_000_000."""
+    try:
+        value = float(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    return int(value)
 
 
 class Command(BaseCommand):
@@ -67,6 +79,17 @@ class Command(BaseCommand):
         add("--debounce-delay", type=float, default=d.debounce_delay, help="debounce: seconds, each call's delay")
         add("--debounce-max-wait", type=float, default=d.debounce_max_wait,
             help='debounce: seconds, on_conflict="debounce"\'s max_wait')
+        add("--scale-rows", type=_count, default=d.scale_rows,
+            help="scale: pending tasks loaded due in the partitions ahead (1e7 and 10_000_000 are read too)")
+        add("--scale-lead", type=float, default=d.scale_lead,
+            help="scale: seconds from the load to the first due time of those tasks (longer than the run)")
+        add("--scale-jobs", type=int, default=d.scale_jobs,
+            help="scale: connections loading and vacuuming those tasks side by side")
+        add("--churn-rate", type=float, default=d.churn_rate, help="scale: tasks the churn schedules per second")
+        add("--churn-ahead", type=float, default=d.churn_ahead,
+            help="scale: seconds from a churned task's scheduling to its due time")
+        add("--churn-cancel", type=float, default=d.churn_cancel,
+            help="scale: the share of the churn's tasks cancelled before they fall due")
         add("--drain-timeout", type=float, default=d.drain_timeout,
             help="seconds to wait for a backlog's tasks to start")
         add("--wait-tail", type=float, default=d.wait_tail,
