@@ -18,6 +18,7 @@ from django.test.utils import CaptureQueriesContext
 import timeouts
 from tests.support.isolation import no_limits  # noqa: F401  (a fixture)
 from tests.support.worker_steps import claim_one, in_thread, sql
+from tests.testapp import tasks as durable_tasks
 from timeouts import events, metrics, registry
 from timeouts.dispatch import late_sweep
 from timeouts.dispatch.claiming import claim_due
@@ -149,6 +150,17 @@ def test_what_it_ends_is_counted_as_late_starts_are():
         scheduled(biz_id=n, ago=30)
     assert end_late() == 3
     assert (late_total("skip") - before[0], cancelled_total() - before[1]) == (3, 3)
+
+
+def test_a_durable_task_call_ends_as_any_task(broker):
+    timeouts.set_limits("celery:tests.durable.record", max_lateness=FIVE_S, on_late="skip")
+    call = durable_tasks.record.apply_async(("late",), countdown=60)
+    sql("UPDATE timeouts_task SET action_time = action_time - interval '2 minutes', run_at = run_at - interval "
+        "'2 minutes' WHERE biz_id = %s", [call.id])  # as if it had waited a minute past its eta
+    assert end_late() == 1
+    [row] = TimeoutTask.objects.filter(biz_id=call.id)
+    assert row.status == Status.CANCELLED and row.last_error.endswith("over max_lateness 5 s (on_late=skip)")
+    assert claim_due(10) == []
 
 
 def test_the_sweep_and_the_start_write_the_same_text():
