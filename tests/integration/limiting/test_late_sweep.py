@@ -240,6 +240,39 @@ def test_rows_the_sweep_holds_are_skipped_by_a_claim():
     assert (reload(late).status, reload(on_time).status) == (Status.CANCELLED, Status.DISPATCHED)
 
 
+POLICIES = "    FROM timeouts_limits AS l\n    WHERE l.on_late_in_force"
+# The sweep, paused after its snapshot is taken and before its scans lock a row: its policies come first.
+PAUSED_SWEEP = QUERIES["end_late_pending"].replace(
+    POLICIES, "    FROM timeouts_limits AS l, (SELECT pg_sleep(1)) AS pause\n    WHERE l.on_late_in_force")
+
+
+def test_a_sweep_that_meets_rows_changed_since_its_snapshot_ends_every_other_row_it_chose():
+    """PostgreSQL rechecks each such row (EvalPlanQual) and passes it over, on 18 as on 15: the
+    sweep prunes partitions only when it starts, as the claim's locking scans do (claims.sql)."""
+    assert POLICIES in QUERIES["end_late_pending"]
+    timeouts.set_limits("test.record", max_lateness=FIVE_S, on_late="skip")
+    tasks = [scheduled(biz_id=n, ago=60 - n) for n in range(20)]
+    old = TimeoutTask.objects.schedule("test.record", "old", at=datetime.now(UTC) - timedelta(days=60))  # DEFAULT
+    cancelled, claimed = tasks[0], tasks[1]
+    paused = {}
+    with psycopg_connection(autocommit=True) as sweeping:
+
+        def sweep_paused():
+            paused["rows"] = sweeping.execute(PAUSED_SWEEP, {"min_lateness": 5.0, "limit": 100}).fetchall()
+
+        thread = threading.Thread(target=sweep_paused)
+        thread.start()
+        time.sleep(0.3)
+        assert TimeoutTask.objects.get(job_id=cancelled.job_id).cancel() is True
+        sql("UPDATE timeouts_task SET status = %s, dispatched_at = now(), lease_until = now() + interval '1 minute' "
+            "WHERE job_id = %s", [Status.DISPATCHED, claimed.job_id])  # as a claim commits it
+        thread.join(30)
+    assert {row[0] for row in paused["rows"]} == {task.job_id for task in tasks[2:]} | {old.job_id}
+    assert (reload(cancelled).status, reload(cancelled).last_error) == (Status.CANCELLED, "")
+    assert reload(claimed).status == Status.DISPATCHED
+    assert {reload(task).status for task in tasks[2:] + [old]} == {Status.CANCELLED}
+
+
 def waiting_for_a_row_lock():
     """Until another session of this database waits for a lock (read on this connection)."""
     deadline = time.monotonic() + 10
