@@ -10,7 +10,9 @@ does not reopen it every round): SKIP LOCKED lets any number of dispatchers (and
 once without a task being published twice.
 
 Between claims, at most once a second (late_sweep.py), it ends the PENDING tasks that their
-lateness policy would end at their start, so that they are never claimed nor sent to a worker.
+lateness policy would end at their start, so that they are never claimed nor sent to a worker:
+only while its nearest deadline (the oldest waiting task's) is older than the smallest such
+policy, which the same read returns.
 
 Times: deadlines are on the database clock; the dispatcher maps them onto its local monotonic clock
 through the offset measured at every read, and only ever sleeps on the local clock. Waking a little
@@ -190,7 +192,9 @@ class Dispatcher:
         return self.wake_at is not None and now >= max(self.wake_at, self.not_before)
 
     def _sleep(self, now):
-        until = min(self.next_read, now + STOP_CHECK, self.late_sweep.next_at)
+        until = min(self.next_read, now + STOP_CHECK)
+        if self.late_sweep.wake_at is not None:
+            until = min(until, self.late_sweep.wake_at)
         if self.wake_at is not None:
             until = min(until, max(self.wake_at, self.not_before))
         self._take(self.listener.wait(until - now))
@@ -218,6 +222,8 @@ class Dispatcher:
         self.stats.add(reads=1, queries=1)
         self.db_offset = row["now"] - after
         self.wake_at = None if row["deadline"] is None else self._local(row["deadline"])
+        self.late_sweep.note(None if row["deadline"] is None else row["deadline"] - self.db_offset,
+                             row["min_lateness"])
         self.next_read = after + self.read_interval
 
     def _read_claimable(self) -> bool:

@@ -320,6 +320,12 @@ def test_a_sweeper_sweeps_every_interval_and_again_soon_after_a_full_sweep():
         scheduled(biz_id=n, ago=30)
     now = [100.0]
     sweeper = Sweeper(clock=lambda: now[0], interval=1.0, limit=2)
+    assert not sweeper.due(100.0)  # told nothing yet
+    sweeper.note(oldest=80.0, min_lateness=None)
+    assert not sweeper.due(100.0)  # no policy ends tasks
+    sweeper.note(oldest=99.0, min_lateness=5.0)
+    assert not sweeper.due(100.0) and sweeper.wake_at == 104.0  # the oldest task is not that late yet
+    sweeper.note(oldest=70.0, min_lateness=5.0)
     assert sweeper.due(100.0) and sweeper.sweep() == 2
     assert sweeper.next_at == 100.0 + late_sweep.SWEEP_AGAIN
     assert sweeper.sweep() == 1 and sweeper.next_at == 101.0

@@ -264,16 +264,21 @@ RETURNING t.job_id, t.action_time, t.run_at, t.biz_type, t.attempts, t.ttr, now(
           t.biz_id, t.trace_context;
 
 
+-- part: smallest_late_policy
+-- A scalar subquery: the smallest max_lateness (seconds) of the policies that end late tasks, if any.
+--
+-- Of the policies in force with on_late "skip" or "dead", as the start reads them
+-- (start_or_end_late, sql/queries/attempts.sql): the handlers' own as the claimers declare them,
+-- or set_limits()' overrides. NULL when no biz_type that is not paused has such a policy: then
+-- end_late_pending is not run at all. One read of the tiny limits table.
+(SELECT extract(epoch FROM min(max_lateness_in_force))::float8 FROM timeouts_limits
+ WHERE on_late_in_force IN ('skip', 'dead') AND NOT paused)
+
+
 -- name: late_policies
 -- The smallest max_lateness of the policies that end late tasks (on_late "skip" or "dead"), if any.
---
--- The policies in force, as the start reads them (start_or_end_late, sql/queries/attempts.sql):
--- the handlers' own as the claimers declare them, or set_limits()' overrides. NULL when no
--- biz_type that is not paused has such a policy: then end_late_pending is not run at all. One
--- read of the tiny limits table.
-SELECT extract(epoch FROM min(max_lateness_in_force))::float8 AS min_lateness
-FROM timeouts_limits
-WHERE on_late_in_force IN ('skip', 'dead') AND NOT paused;
+SELECT
+    {smallest_late_policy} AS min_lateness;
 
 
 -- name: end_late_pending
