@@ -13,10 +13,11 @@ deployment runs beat's scan: it gives back the leases that ran out during the ou
   biz_type's backlog (oldest first within a biz_type).
 
 Both handlers record their start, then wait `--late-work-ms` (0: none), as a handler's I/O would:
-what a skipped task is spared. A skip still costs a claim, a message and the start that ends it,
-about what a no-op handler's run costs: with no-op handlers the policy cannot shorten the recovery.
-With equal halves and fair claiming it cannot shorten it by half either: without the policy the
-worker runs both halves, with it one half and the skips of the other, both drained side by side.
+what a skipped task is spared. The dispatcher runs through the outage, so a skippable task that is
+over SKIP_AFTER late while it waits is ended by its sweep (dispatch/late_sweep.py) and never
+reaches the worker; only those claimed before they were that late (waiting in the broker for the
+new worker) are ended by their start, each a claim, a message and a statement. Without the policy
+the worker runs both halves, with it one half and those few skips.
 The stream lasts long enough for the recovery without the policy to fall within it (else None).
 
 Variants: `policy` (the handler's own policy in force, reset_limits()) and `no_policy` (overridden

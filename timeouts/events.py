@@ -10,8 +10,9 @@
 - `on_late`: for "late" only (else None), the lateness policy that applied: "run", "skip" or "dead".
 
 "late" is an attempt that started later than its biz_type's lateness policy allows
-(timeouts.limiting.lateness). A "skip" or "dead" one ended its task: it is counted as "cancelled"
-or "dead" too.
+(timeouts.limiting.lateness), or a PENDING task that the claimers' sweep found that late and ended
+before it was claimed (dispatch/late_sweep.py). A "skip" or "dead" one ended its task: it is
+counted as "cancelled" or "dead" too.
 
 It is sent once the transaction that made the change has committed (at once in autocommit mode,
 which is how the scan, the dispatcher and the workers run), so a rolled-back schedule or cancel
@@ -121,6 +122,16 @@ def late(biz_type, on_late, lateness):
     emit("late", biz_type, lateness=lateness, on_late=on_late)
     if on_late != "run":
         emit("cancelled" if on_late == "skip" else "dead", biz_type)
+
+
+def ended_late(rows):
+    """Rows of the sweep that ended PENDING tasks later than their lateness policy allows
+    (dispatch/late_sweep.py): each is "late", as a late start is, and "cancelled" or "dead"."""
+    for row in rows:
+        emit("late", row["biz_type"], lateness=row["lateness"], on_late=row["on_late"])
+    for (biz_type, on_late), count in Counter((row["biz_type"], row["on_late"]) for row in rows).items():
+        emit("cancelled" if on_late == "skip" else "dead", biz_type, count)
+    return rows
 
 
 def cancelled(biz_type, count, using=DEFAULT_DB_ALIAS):

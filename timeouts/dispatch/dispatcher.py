@@ -9,6 +9,11 @@ in the future cost nothing. Claiming and publishing are the scan's own code (`cl
 does not reopen it every round): SKIP LOCKED lets any number of dispatchers (and scans) run at
 once without a task being published twice.
 
+Between claims, at most once a second (late_sweep.py), it ends the PENDING tasks that their
+lateness policy would end at their start, so that they are never claimed nor sent to a worker:
+only while its nearest deadline (the oldest waiting task's) is older than the smallest such
+policy, which the same read returns.
+
 Times: deadlines are on the database clock; the dispatcher maps them onto its local monotonic clock
 through the offset measured at every read, and only ever sleeps on the local clock. Waking a little
 early or late is harmless: `claim_due` decides what is due by the database clock, and the worker's
@@ -26,6 +31,7 @@ from django.db import Error as DjangoDatabaseError
 from timeouts.conf import get_settings
 from timeouts.dispatch.broker_deadline import PublishFailed, publish_bounded, warm_up_broker
 from timeouts.dispatch.claiming import MAX_CLAIM, claim_due
+from timeouts.dispatch.late_sweep import Sweeper
 from timeouts.dispatch.listener import Backoff, Listener, connection_params
 from timeouts.limiting import controls
 from timeouts.storage import shards
@@ -51,7 +57,7 @@ class Stats:
     """Counters for operators and tests; `wait_for` lets a test wait for a count, not sleep."""
 
     FIELDS = ("connects", "reconnects", "reads", "notifications", "wakeups", "claimed", "published",
-              "queries", "errors", "publish_failures")
+              "queries", "errors", "publish_failures", "ended_late")
 
     def __init__(self):
         self._changed = threading.Condition()
@@ -93,6 +99,8 @@ class Dispatcher:
         self.stop = stop or threading.Event()
         self.clock = clock
         self.stats = stats or Stats()
+        # Ends PENDING tasks already later than their lateness policy allows (late_sweep.py).
+        self.late_sweep = Sweeper(clock)
 
         self.wake_at = None  # local clock: nearest deadline minus lead; None when nothing is pending
         self.db_offset = 0.0  # database epoch seconds minus local clock, measured at each read
@@ -172,6 +180,8 @@ class Dispatcher:
             now = self.clock()
             if now >= self.next_read:
                 self._read_deadline()  # the keepalive, and how tasks beyond the horizon are found
+            elif self.late_sweep.due(now):
+                self._sweep()
             elif self._due(now):
                 self._dispatch()
                 self._take(self.listener.wait(0))  # drain what arrived meanwhile (no query)
@@ -183,6 +193,8 @@ class Dispatcher:
 
     def _sleep(self, now):
         until = min(self.next_read, now + STOP_CHECK)
+        if self.late_sweep.wake_at is not None:
+            until = min(until, self.late_sweep.wake_at)
         if self.wake_at is not None:
             until = min(until, max(self.wake_at, self.not_before))
         self._take(self.listener.wait(until - now))
@@ -210,6 +222,8 @@ class Dispatcher:
         self.stats.add(reads=1, queries=1)
         self.db_offset = row["now"] - after
         self.wake_at = None if row["deadline"] is None else self._local(row["deadline"])
+        self.late_sweep.note(None if row["deadline"] is None else row["deadline"] - self.db_offset,
+                             row["min_lateness"])
         self.next_read = after + self.read_interval
 
     def _read_claimable(self) -> bool:
@@ -241,12 +255,18 @@ class Dispatcher:
         lead ahead of its time, in time for its message to reach a worker before its ETA."""
         return self.lead + (self.contention_backoff.cap if self.empty_claims > 1 else 0.0)
 
+    def _sweep(self):
+        """End the PENDING tasks that their lateness policy would end at their start (late_sweep.py)."""
+        self.stats.add(queries=1, ended_late=self.late_sweep.sweep())
+
     def _dispatch(self):
-        """Claim and publish batch after batch while they come back full."""
+        """Claim and publish batch after batch while they come back full; sweep between them when due."""
         self.stats.add(wakeups=1)
         started = self.last_claim = self.clock()
         claimed = published = 0
         while True:
+            if self.late_sweep.due(self.clock()):
+                self._sweep()  # a long run of full batches would otherwise claim the late tasks first
             claims = claim_due(self.batch_size, lead=self._claim_lead())
             self.stats.add(queries=1, claimed=len(claims))
             claimed += len(claims)

@@ -1,5 +1,6 @@
-"""The safety-net scan run by Celery beat: on every shard, recover expired leases, then claim and
-publish due tasks, batch after batch while batches come back full."""
+"""The safety-net scan run by Celery beat: on every shard, recover expired leases, end the PENDING
+tasks later than their lateness policy allows, then claim and publish due tasks, batch after batch
+while batches come back full."""
 
 import logging
 import time
@@ -8,6 +9,7 @@ from django.db import DatabaseError
 
 from timeouts.conf import get_settings
 from timeouts.dispatch.claiming import MAX_CLAIM, claim_due
+from timeouts.dispatch.late_sweep import end_late_until
 from timeouts.dispatch.publishing import publish
 from timeouts.limiting import controls, shares
 from timeouts.storage import shards
@@ -46,6 +48,8 @@ def _scan_shard(deadline) -> int:
     # The handlers' own limits, as the code this process runs declares them (controls.py): in
     # force everywhere within SCAN_INTERVAL of a deploy.
     controls.declare()
+    # Before the claims, which would otherwise take tasks that their start then ends (late_sweep.py).
+    end_late_until(deadline)
     published = 0
     batch = min(get_settings().SCAN_BATCH_SIZE, MAX_CLAIM)
     while True:

@@ -1,4 +1,5 @@
 """Claims: the statement that takes due tasks (PENDING -> DISPATCHED, with a lease), the one that
+ends PENDING tasks later than their lateness policy allows before they are claimed, the one that
 gives unpublished claims back, the end of a claim that its publisher ends rather than publishes,
 and the claim of one task at a time that timeouts.testing runs in the calling process."""
 
@@ -15,6 +16,19 @@ def claim_rows(params: dict) -> list[dict]:
     """Claim due tasks on the calling thread's own connection (claim_due's parameters: the limit,
     the lead, the shard's position, ...); returns the rows it made DISPATCHED."""
     return fetch_dicts("claim_due", params)
+
+
+def smallest_late_policy() -> float | None:
+    """The smallest max_lateness, in seconds, of the biz_types whose late tasks end (on_late "skip"
+    or "dead", not paused) on this thread's connection; None if there are none."""
+    return fetch_one("late_policies")["min_lateness"]
+
+
+def end_late_rows(min_lateness: float, limit: int) -> list[dict]:
+    """End up to `limit` PENDING tasks later than their lateness policy allows, on this thread's
+    connection (end_late_pending): their job_id, biz_type, on_late and lateness (seconds)."""
+    params = {"min_lateness": min_lateness, "limit": limit}
+    return retry_on_conflict(lambda: fetch_dicts("end_late_pending", params), using=worker_connection.current().alias)
 
 
 def release_rows(shard: str, job_ids: list, action_times: list):

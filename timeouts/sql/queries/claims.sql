@@ -1,4 +1,5 @@
--- Claiming due tasks (the scan and the dispatcher), giving claims back, and recovering expired leases.
+-- Claiming due tasks (the scan and the dispatcher), ending the PENDING ones their lateness policy
+-- would end at their start, giving claims back, and recovering expired leases.
 -- Parameters use Django's %(name)s style, so a literal percent sign is written %%.
 --
 -- "Now" is the database clock: clock_timestamp() where a statement must see the real time inside a
@@ -261,6 +262,72 @@ RETURNING t.job_id, t.action_time, t.run_at, t.biz_type, t.attempts, t.ttr, now(
           t.tableoid::regclass::text AS partition,
           CASE WHEN t.biz_type ^@ ANY (%(attribute_prefixes)s::text[]) THEN t.attribute END AS call,
           t.biz_id, t.trace_context;
+
+
+-- part: smallest_late_policy
+-- A scalar subquery: the smallest max_lateness (seconds) of the policies that end late tasks, if any.
+--
+-- Of the policies in force with on_late "skip" or "dead", as the start reads them
+-- (start_or_end_late, sql/queries/attempts.sql): the handlers' own as the claimers declare them,
+-- or set_limits()' overrides. NULL when no biz_type that is not paused has such a policy: then
+-- end_late_pending is not run at all. One read of the tiny limits table.
+(SELECT extract(epoch FROM min(max_lateness_in_force))::float8 FROM timeouts_limits
+ WHERE on_late_in_force IN ('skip', 'dead') AND NOT paused)
+
+
+-- name: late_policies
+-- The smallest max_lateness of the policies that end late tasks (on_late "skip" or "dead"), if any.
+SELECT
+    {smallest_late_policy} AS min_lateness;
+
+
+-- name: end_late_pending
+-- Ends PENDING tasks already later than their lateness policy allows, without claiming them.
+--
+-- A PENDING task whose run_at is more than its biz_type's max_lateness ago (on_late "skip" or
+-- "dead") would be ended by its start (start_or_end_late) however soon it is claimed: it ends
+-- here instead, CANCELLED or DEAD, with the start's last_error, and never travels to a worker.
+-- The start's rules hold: lateness counts from run_at, by the database clock; a task whose
+-- last_error says a late start ended it was requeued since, and is left to run however late.
+-- Only the oldest `limit` of each such biz_type, through timeouts_task_due_by_type, skipping rows
+-- a claimer or a cancel holds (a cancel that returned true has ended the row first; one that comes
+-- after finds it ended). `min_lateness` (late_policies) bounds action_time (never after run_at),
+-- so that only partitions at least that old are read: pruned when the statement starts, as the
+-- claim's scans are (claim_due says why never as it runs). Found again by ctid, as in claim_due.
+-- A paused biz_type is left alone, as the claim leaves it. Ending a task makes nothing due sooner:
+-- no NOTIFY.
+WITH policies AS MATERIALIZED (
+    SELECT l.biz_type, l.max_lateness_in_force AS max_lateness, l.on_late_in_force AS on_late
+    FROM timeouts_limits AS l
+    WHERE l.on_late_in_force IN ('skip', 'dead') AND NOT l.paused
+),
+late AS (
+    SELECT p.on_late, p.max_lateness, t.job_id, t.action_time, t.tableoid, t.ctid
+    FROM policies AS p
+    CROSS JOIN LATERAL (
+        SELECT t.job_id, t.action_time, t.tableoid, t.ctid FROM timeouts_task AS t
+        WHERE t.status = :PENDING AND t.biz_type = p.biz_type
+          AND (t.biz_type, t.run_at) < (p.biz_type, now() - p.max_lateness)
+          AND t.action_time < now() - %(min_lateness)s * interval '1 second'
+          AND NOT starts_with(t.last_error, 'not run: started ')
+        ORDER BY t.run_at
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS t
+    LIMIT %(limit)s
+)
+UPDATE timeouts_task AS t
+SET status = CASE late.on_late WHEN 'skip' THEN :CANCELLED ELSE :DEAD END,
+    finished_at = now(), modified_at = now(),
+    last_error = format('not run: started %%s s after its time, over max_lateness %%s s (on_late=%%s)',
+                        round(extract(epoch FROM now() - t.run_at), 1),
+                        trim_scale(extract(epoch FROM late.max_lateness)), late.on_late)
+FROM late
+WHERE t.ctid = ANY (ARRAY(SELECT ctid FROM late))
+  AND t.tableoid = late.tableoid AND t.ctid = late.ctid AND t.job_id = late.job_id
+  AND t.action_time = late.action_time
+  AND t.action_time < now() - %(min_lateness)s * interval '1 second'
+RETURNING t.job_id, t.biz_type, late.on_late, extract(epoch FROM now() - t.run_at)::float8 AS lateness;
 
 
 -- name: release_claims

@@ -2,14 +2,17 @@
 
 
 -- name: nearest_deadline
--- When the next PENDING task becomes due, beside the database clock.
+-- When the next PENDING task becomes due, beside the database clock and the smallest late policy.
 --
 -- When the next PENDING task becomes due, and the database clock now, both as Unix epoch seconds
 -- (the NOTIFY payloads use the same unit). min() over the partial index timeouts_task_due is one
 -- index probe per partition (a MinMaxAgg over a Merge Append of index-only scans), however many
--- tasks wait. Also the dispatcher's keepalive.
+-- tasks wait. Also the dispatcher's keepalive. And the smallest max_lateness of the lateness
+-- policies that end late tasks (claims.sql): the dispatcher sweeps the waiting tasks only once the
+-- oldest may be that late (dispatch/late_sweep.py), at no query of its own.
 SELECT extract(epoch FROM (SELECT min(run_at) FROM timeouts_task WHERE status = :PENDING))::float8 AS deadline,
-       extract(epoch FROM clock_timestamp())::float8 AS now;
+       extract(epoch FROM clock_timestamp())::float8 AS now,
+       {smallest_late_policy} AS min_lateness;
 
 
 -- name: claimable_deadline
