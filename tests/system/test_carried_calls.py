@@ -106,3 +106,23 @@ def test_calls_that_travel_together_each_run_as_a_celery_task_of_its_own(transac
     assert events.of(failing.id) == ["task-received", "task-started", "task-failed"]
     assert all(started_at >= rows[task_id].action_time for task_id, *_, started_at in runs.all()
                if task_id in rows)
+
+
+@pytest.mark.timeout(60)
+def test_an_item_the_worker_cannot_read_is_rejected_alone_and_the_message_acknowledged(worker, runs, broker):
+    from project.celery import app
+    from timeouts.protocol import CALLS, call_item
+
+    amqp = app.amqp
+    own = amqp.create_task_message("good-call", "tests.durable.record", ["good"], {})
+    unknown = amqp.create_task_message("unknown-call", "tests.no_such_task", [], {})
+    items = [["not", "an item"], call_item({"task": "tests.durable.record"}, {}, [[], {}, {}]),
+             call_item(unknown.headers, unknown.properties, list(unknown.body)),
+             call_item(own.headers, own.properties, list(own.body))]
+    carrier = amqp.create_task_message("carrier", CALLS, [items], {}, argsrepr="[<4 calls>]", kwargsrepr="{}")
+    with app.producer_or_acquire() as producer:
+        amqp.send_task_message(producer, CALLS, carrier, serializer="json")
+    processes.wait_for(lambda: runs.all(), 30, message="the call that can be read")
+    assert [(r[0], r[2]) for r in runs.all()] == [("good-call", ["good"])]
+    processes.wait_for(lambda: not broker.hlen("unacked"), 10, message="the message acknowledged")
+    assert worker.poll() is None

@@ -6,7 +6,8 @@ A call is one row: biz_type `celery:<task name>` (see `biz_type_for`), biz_id th
 attribute the call as JSON (`store`). When the row is claimed, `publish_calls` sends the
 Celery task's own message, with what Celery would have put in it, plus the row's fence in the
 FENCE_HEADER header (protocol.py): the worker's DurableTask starts only the message that owns the
-row's current attempt.
+row's current attempt. Calls claimed together that share their publishing options travel in one
+message (together.py), which the worker unpacks into each call's own request (unpacking.py).
 
 Nothing here imports the worker side: tasks are addressed by name.
 """

@@ -33,7 +33,6 @@ from celery.utils.time import timezone
 from celery.worker.request import create_request_cls
 from celery.worker.state import task_reserved, task_scheduled
 from kombu.asynchronous.timer import to_timestamp
-from kombu.exceptions import ContentDisallowed, DecodeError
 
 from timeouts.protocol import from_call_item
 
@@ -145,7 +144,7 @@ def unpack(task, app, consumer, **kwargs):
                 carried, on_ack=carried.ack_log_error, on_reject=carried.reject_log_error, app=app,
                 hostname=hostname, eventer=eventer, task=called, connection_errors=connection_errors,
                 body=body, headers=headers, decoded=True, utc=utc)
-        except (InvalidTaskError, ContentDisallowed, DecodeError) as exc:
+        except Exception as exc:  # noqa: BLE001 - one call's bad message must not stop the worker, nor its siblings
             consumer.on_invalid_task(body, carried, exc)
             return None
         if does_info:
