@@ -203,10 +203,10 @@ def publish_calls(app, claims, producer, retry_policy, eta_headroom):
         if made is None:
             yield claim
             continue
-        key = together.key(made[1], made[2])
+        key = together.key(made[1], made[2], due=claim.eta is None)
         group = [] if key is None else groups.setdefault(key, [])
         group.append((claim, *made))
-        if key is None or len(group) == together.MAX_CALLS:
+        if key is None or len(group) == together.most(key):
             together.send(app, producer, groups.pop(key, group), retry_policy, eta_headroom)
             for sent, *_ in group:
                 yield sent

@@ -18,20 +18,30 @@ from kombu.utils.uuid import uuid
 
 from timeouts.protocol import CALLS, call_item
 
-# The most calls in one message: bounds its size, and how many calls one worker takes at once.
+# The most calls in one message claimed ahead: bounds its size. A worker holds the messages that
+# wait for their ETA whatever its prefetch, one call a message or many.
 MAX_CALLS = 100
+# The most calls in one message of calls already due (a backlog, a scan's claim). A worker's
+# prefetch counts messages: it takes this many times as many calls at once, which wait there for
+# a process while other workers may be idle, and whose leases run meanwhile.
+MAX_DUE_CALLS = 10
 # The keyword arguments of Celery's send_task_message that are not broker properties of the message.
 NOT_PROPERTIES = frozenset({"exchange", "routing_key", "queue", "event_dispatcher", "retry", "retry_policy",
                             "serializer", "delivery_mode", "compression", "declare", "headers", "exchange_type",
                             "timeout", "confirm_timeout"})
 
 
-def key(message, options):
-    """What calls must share to travel together: every publishing option but their own headers.
-    None for a call that goes alone."""
+def key(message, options, due=False):
+    """What calls must share to travel together: every publishing option but their own headers, and
+    whether they are due already (`due`: claimed without an ETA). None for a call that goes alone."""
     if message.sent_event is not None:
         return None
-    return tuple(sorted((name, _comparable(value)) for name, value in options.items() if name != "headers"))
+    return (due, *sorted((name, _comparable(value)) for name, value in options.items() if name != "headers"))
+
+
+def most(key) -> int:
+    """The most calls of one message of `key`."""
+    return MAX_DUE_CALLS if key[0] else MAX_CALLS
 
 
 def _comparable(value):

@@ -35,3 +35,9 @@ def test_kombu_queues_are_told_apart_by_their_bindings():
 
 def test_a_call_whose_message_sends_a_sent_event_goes_alone():
     assert together.key(message(sent_event={"uuid": "a"}), {"queue": "q"}) is None
+
+
+def test_calls_due_already_travel_apart_from_calls_claimed_ahead_and_fewer_to_a_message():
+    due, ahead = together.key(message(), {"queue": "q"}, due=True), together.key(message(), {"queue": "q"})
+    assert due != ahead
+    assert together.most(due) < together.most(ahead)
