@@ -3,7 +3,7 @@ wire forms it travels in, and the constants both sides share.
 
 A claim becomes a message that names the row (job_id, action_time), the attempt it may start (the
 compare-and-set's fence), the partition that held the row (so the worker's UPDATEs go straight
-there) and the shard that holds it. It travels in one of three forms, all JSON:
+there) and the shard that holds it. It travels in one of four forms, all JSON:
 
 - `timeouts.run`: args `[job_id, action_time, attempt, partition]`, kwargs `{"shard": shard}`
   (none for the default shard: a single database's messages name none);
@@ -13,6 +13,10 @@ there) and the shard that holds it. It travels in one of three forms, all JSON:
   `[job_id, action_time, attempt, partition, shard]`. The worker's main process appends the start
   it recorded ahead (durable/starts.py) before it hands the message to a pool process, which never
   leaves the worker. A four-field header (no shard) is the default shard's.
+- one item of `timeouts.calls`' list: the message above of one stored call, as
+  `[headers, properties, body]` (body: the call's `[args, kwargs, embed]`, decoded). Calls claimed
+  together that share their routing travel in one such message; the worker unpacks each item into
+  an ordinary request of the call's own task (durable/unpacking.py).
 
 Only this module knows where each field sits. Times travel as ISO 8601 text.
 """
@@ -25,6 +29,8 @@ from django.db import DEFAULT_DB_ALIAS
 # The Celery tasks that run claims, addressed by name: the worker side (tasks.py) defines them.
 RUN = "timeouts.run"
 RUN_BATCH = "timeouts.run_batch"
+# The Celery task whose message carries several stored calls' own messages (durable/together.py).
+CALLS = "timeouts.calls"
 # The header of a stored Celery call's message that carries its row's fence.
 FENCE_HEADER = "timeouts"
 
@@ -110,3 +116,23 @@ def from_header(fields) -> Fence:
     shard = rest[0] if rest else DEFAULT_DB_ALIAS
     started = rest[1] if len(rest) > 1 else None
     return Fence(job_id, datetime.fromisoformat(action_time), attempt, partition, shard, started=started)
+
+
+# --- timeouts.calls ---------------------------------------------------------------------------------
+
+def call_item(headers: dict, properties: dict, body) -> list:
+    """One call of a `timeouts.calls` message: its own message's headers (with the fence), its
+    properties (correlation_id, reply_to, priority) and its body `[args, kwargs, embed]`."""
+    return [headers, properties, body]
+
+
+def from_call_item(item) -> tuple[dict, dict, list]:
+    """(headers, properties, body) of one item; ValueError for what is not one."""
+    try:
+        headers, properties, body = item
+    except (TypeError, ValueError):
+        raise ValueError(f"not an item of {CALLS}: {item!r:.200}") from None
+    if not isinstance(headers, dict) or not isinstance(properties, dict) or not isinstance(body, list) \
+            or len(body) != 3:
+        raise ValueError(f"not an item of {CALLS}: {item!r:.200}")
+    return headers, properties, body

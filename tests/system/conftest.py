@@ -21,7 +21,8 @@ from tests.testapp.tasks import CALLS_TABLE_SQL
 HERE = Path(__file__).resolve().parent
 # Every test marked one_leg: workers, dispatchers, brokers, shards, limits, metrics and the
 # distributions, which do not depend on Django's version.
-ONE_LEG = {"test_async_handlers", "test_batch_worker_crash", "test_call_starts", "test_celery", "test_dispatcher",
+ONE_LEG = {"test_async_handlers", "test_batch_worker_crash", "test_call_starts", "test_carried_calls", "test_celery",
+           "test_dispatcher",
            "test_dispatcher_faults", "test_distributions", "test_durable_publishing", "test_durable_task",
            "test_isolation", "test_metrics_prefork", "test_on_rabbitmq", "test_shards"}
 # Both legs: the admin's pages, a host project installing the package, Django's tasks framework

@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from celery import shared_task
+from celery import shared_task, signals
 from celery.exceptions import Reject
 from celery.signals import worker_ready
 from psycopg.types.json import Jsonb
@@ -109,3 +109,40 @@ def _say_ready(**_):
     path = os.environ.get("TIMEOUTS_TEST_WORKER_READY")  # tests.support.processes.READY_FILE
     if path:
         Path(path).touch()
+
+
+SIGNALS_TABLE_SQL = """
+CREATE TABLE IF NOT EXISTS timeouts_test_celery_signal (
+    task_id text NOT NULL,
+    signal text NOT NULL,
+    detail text
+)
+"""
+
+
+def _record_signal(name, detail_of=lambda **_: None):
+    """A receiver that records the signal of each task of this module, where the settings ask for it
+    (tests.settings_observed), on the recorder's own connection."""
+
+    def receiver(sender=None, **kwargs):
+        from django.conf import settings
+
+        if not getattr(settings, "TIMEOUTS_TEST_RECORD_SIGNALS", False):
+            return
+        request = kwargs.get("request")
+        task_id = kwargs.get("task_id") or getattr(request, "id", None) or getattr(sender.request, "id", None)
+        _connection().execute("INSERT INTO timeouts_test_celery_signal (task_id, signal, detail) VALUES (%s, %s, %s)",
+                              (task_id, name, detail_of(sender=sender, **kwargs)))
+
+    return receiver
+
+
+# task_received: the kind of message the request came in (Celery's own, or one call of several).
+_signal_receivers = {"received": _record_signal("received", lambda request, **_: type(request.message).__name__),
+                     "prerun": _record_signal("prerun"), "postrun": _record_signal("postrun"),
+                     "success": _record_signal("success"), "failure": _record_signal("failure")}
+signals.task_received.connect(_signal_receivers["received"])
+signals.task_prerun.connect(_signal_receivers["prerun"])
+signals.task_postrun.connect(_signal_receivers["postrun"])
+signals.task_success.connect(_signal_receivers["success"])
+signals.task_failure.connect(_signal_receivers["failure"])

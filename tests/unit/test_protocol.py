@@ -74,3 +74,15 @@ def test_a_header_of_four_fields_is_the_default_shards():
 
 def test_the_key_addresses_the_row():
     assert Fence(7, ACTION_TIME, 2).key == {"job_id": 7, "action_time": ACTION_TIME}
+
+
+def test_a_call_item_round_trips():
+    item = protocol.call_item({"id": "a", "task": "t"}, {"correlation_id": "a"}, [[1], {"k": 2}, {}])
+    assert protocol.from_call_item(item) == ({"id": "a", "task": "t"}, {"correlation_id": "a"}, [[1], {"k": 2}, {}])
+
+
+@pytest.mark.parametrize("item", [None, 1, [], [{}, {}], [{}, {}, [1, 2]], [[], {}, [1, {}, {}]],
+                                  [{}, None, [1, {}, {}]], [{}, {}, {}, []]])
+def test_what_is_not_a_call_item_is_refused(item):
+    with pytest.raises(ValueError, match="timeouts.calls"):
+        protocol.from_call_item(item)

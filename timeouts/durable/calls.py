@@ -6,7 +6,8 @@ A call is one row: biz_type `celery:<task name>` (see `biz_type_for`), biz_id th
 attribute the call as JSON (`store`). When the row is claimed, `publish_calls` sends the
 Celery task's own message, with what Celery would have put in it, plus the row's fence in the
 FENCE_HEADER header (protocol.py): the worker's DurableTask starts only the message that owns the
-row's current attempt.
+row's current attempt. Calls claimed together that share their publishing options travel in one
+message (together.py), which the worker unpacks into each call's own request (unpacking.py).
 
 Nothing here imports the worker side: tasks are addressed by name.
 """
@@ -31,6 +32,7 @@ from kombu.utils.uuid import uuid
 
 from timeouts import events, validation
 from timeouts.conf import get_settings
+from timeouts.durable import together
 from timeouts.errors import InvalidAttribute
 from timeouts.protocol import FENCE_HEADER, header
 from timeouts.registry import BIZ_TYPE_RE, Kind, register_kind
@@ -190,17 +192,28 @@ TRANSIENT_ERRORS = (DatabaseOperationalError, DatabaseInterfaceError, psycopg.Op
 def publish_calls(app, claims, producer, retry_policy, eta_headroom):
     """Send each claimed call's own message on `producer`, yielding after each claim is dealt with
     (sent, or ended with the reason: CANCELLED if it expired, DEAD if its message can never be
-    made). A fault of the database, the broker or the network met on the way is raised, as a
-    broker error is: the caller gives the claims back (publishing.py), and the call is published
-    at a later claim. A claim ahead of time goes with a Celery ETA `eta_headroom` before its run_at
-    (protocol.ETA_HEADROOM)."""
+    made). Calls that go out with the same publishing options travel together, in one
+    `timeouts.calls` message (together.py). A fault of the database, the broker or the network met
+    on the way is raised, as a broker error is: the caller gives the claims back (publishing.py),
+    and the call is published at a later claim. A claim ahead of time goes with a Celery ETA
+    `eta_headroom` before its run_at (protocol.ETA_HEADROOM)."""
+    groups = {}
     for claim in claims:
         made = claimed_message(app, claim, eta_headroom)
-        if made is not None:
-            name, message, options = made
-            app.amqp.send_task_message(producer, name, message, serializer="json", retry=True,
-                                       retry_policy=retry_policy, **options)
-        yield claim
+        if made is None:
+            yield claim
+            continue
+        key = together.key(made[1], made[2], due=claim.eta is None)
+        group = [] if key is None else groups.setdefault(key, [])
+        group.append((claim, *made))
+        if key is None or len(group) == together.most(key):
+            together.send(app, producer, groups.pop(key, group), retry_policy, eta_headroom)
+            for sent, *_ in group:
+                yield sent
+    for group in groups.values():
+        together.send(app, producer, group, retry_policy, eta_headroom)
+        for sent, *_ in group:
+            yield sent
 
 
 def claimed_message(app, claim, eta_headroom):

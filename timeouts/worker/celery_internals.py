@@ -40,6 +40,15 @@ attributes or code no longer match. Checked against Celery 5.7.0, kombu 5.7.0 an
    Celery's subclass no longer has one of its own, or when the wrapping no longer happens. The
    subclass keeps StartingRequest's `on_accepted` (it lets a start's lease go): the test fails when
    it has one of its own.
+
+6. The Strategy of `timeouts.calls` (durable/unpacking.py) is a public hook (`Task.Strategy`), but
+   what it does for each call it unpacks is Celery's default strategy's, which is not public: it
+   reads the consumer's `timer`, `qos`, `task_buckets`, `_limit_task`, `on_task_request`,
+   `on_invalid_task`, `on_unknown_task`, `controller.state.revoked`, `event_dispatcher` and
+   `disable_rate_limits`, and calls `celery.worker.state.task_reserved`/`task_scheduled` and
+   `celery.worker.request.create_request_cls` as celery.worker.strategy.default does. No public
+   hook turns one message into several requests. The test fails when Celery's default strategy no
+   longer reads one of these.
 """
 
 from billiard import common as billiard_common

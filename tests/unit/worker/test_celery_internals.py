@@ -112,3 +112,18 @@ def test_5_the_request_class_celery_makes_for_a_durable_task_still_hands_over_it
     assert made.on_accepted is StartingRequest.on_accepted, (
         f"entry 5 of {MODULE}: Celery's per-task Request now has an on_accepted of its own, which does not let "
         "the lease of a start handed over go when a pool process accepts the call")
+
+
+def test_6_celerys_default_strategy_still_does_what_the_unpacking_strategy_does_for_each_call():
+    from celery.worker import strategy
+
+    source = inspect.getsource(strategy.default)
+    for used in ("consumer.timer.call_at", "consumer.qos.increment_eventually", "consumer.task_buckets",
+                 "consumer._limit_task", "consumer.on_task_request", "consumer.controller.state.revoked",
+                 "consumer.event_dispatcher", "consumer.disable_rate_limits", "task_scheduled(req)",
+                 "create_request_cls(Request, task, consumer.pool, hostname, eventer", "signals.task_received.send",
+                 "'task-received'"):
+        assert used in source, f"{MODULE}, entry 6: Celery's default strategy no longer does {used}"
+    assert "task_reserved(task)" in inspect.getsource(Consumer.apply_eta_task)
+    for method in ("on_invalid_task", "on_unknown_task", "_limit_task"):
+        assert callable(getattr(Consumer, method, None)), f"{MODULE}, entry 6: Consumer.{method} is gone"
