@@ -48,6 +48,8 @@ HANDLER_KIND = "handler"
 # later version may add. Read here rather than through the propagator, which builds a context and a
 # span around it only to be unwrapped again, for every task.
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
+# The longest traceparent and tracestate it reads (longer: no context, no tracestate).
+_TRACEPARENT_LIMIT, _TRACESTATE_LIMIT = 512, 8192
 # At most this many links per dispatch span: OpenTelemetry's default limit (OTEL_SPAN_LINK_COUNT_LIMIT),
 # beyond which the SDK drops links; a larger batch has a span per this many of its tasks.
 LINKS_PER_DISPATCH = 128
@@ -80,14 +82,15 @@ def linked_context(stored: str | None):
     if trace is None or not stored:
         return None
     traceparent, _, tracestate = stored.partition(" ")
-    match = _TRACEPARENT.fullmatch(traceparent)
+    match = _TRACEPARENT.fullmatch(traceparent) if len(traceparent) <= _TRACEPARENT_LIMIT else None
     if match is None:
         return None
     version, trace_id, span_id, flags, more = match.groups()
     if version == "ff" or (version == "00" and more):  # invalid, as W3C's propagator reads them
         return None
     context = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(int(flags, 16)),
-                          trace_state=TraceState.from_header([tracestate]) if tracestate else None)
+                          trace_state=TraceState.from_header([tracestate]) if 0 < len(tracestate) <= _TRACESTATE_LIMIT
+                          else None)
     return context if context.is_valid else None
 
 

@@ -68,7 +68,8 @@ def test_without_a_tracer_provider_a_propagated_context_is_still_stored():
                                     "00-4bf92f3577b34da6a3ce929d0e0e473-600f067aa0ba902b7-01",  # lengths
                                     "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1",
                                     "00-+bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  # int() would take it
-                                    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902_7-01"])
+                                    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902_7-01",
+                                    "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-" + "x" * 500])
 def test_nothing_or_no_valid_context_links_nothing(stored):
     assert tracing.linked_context(stored) is None
 
@@ -78,6 +79,8 @@ def test_nothing_or_no_valid_context_links_nothing(stored):
     "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
     "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-a-later-version-adds",
     "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 congo=t61rcWkgMzE",
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 " + "a=" + "b" * 8200,  # too long: not read
+    "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-" + "x" * 450,  # as long as it reads
 ])
 def test_a_stored_context_is_read_as_w3c_s_propagator_reads_it(stored):
     traceparent, _, tracestate = stored.partition(" ")
