@@ -102,14 +102,17 @@ def test_the_dispatch_and_the_run_are_spans_linked_to_the_scheduling_span(spans,
     assert {(c.job_id, c.biz_id, c.trace_context) for c in claims} == {
         (task.job_id, "order-7", traceparent(checkout)), (untraced.job_id, "order-8", None)}
     assert publish(claims) == 2
-    # Only the task scheduled in a span has a dispatch span: the other would be a trace of one span.
+    # Only the task scheduled in a span is linked from the dispatch span: the other would be a trace
+    # of one span.
     [dispatch] = finished(spans, "timeouts dispatch test.record")
     assert dispatch.kind == trace.SpanKind.PRODUCER
-    assert [[link.context.trace_id, link.context.span_id] for link in dispatch.links] == [ids(checkout)]
-    attributes = dict(dispatch.attributes)
+    assert dict(dispatch.attributes) == {"timeouts.biz_type": "test.record", "timeouts.kind": "handler",
+                                         "timeouts.tasks": 1}
+    [link] = dispatch.links
+    assert [link.context.trace_id, link.context.span_id] == ids(checkout)
+    attributes = dict(link.attributes)
     assert attributes.pop("timeouts.lateness_ms") >= 1000  # due a second before its claim
-    assert attributes == {"timeouts.biz_type": "test.record", "timeouts.biz_id": "order-7",
-                          "timeouts.job_id": task.job_id, "timeouts.attempt": 1, "timeouts.kind": "handler"}
+    assert attributes == {"timeouts.biz_id": "order-7", "timeouts.job_id": task.job_id, "timeouts.attempt": 1}
 
     assert sorted(running.run(claim.fence) for claim in claims) == ["done", "done"]
     runs = {span.attributes["timeouts.job_id"]: span for span in finished(spans, "timeouts run test.record")}

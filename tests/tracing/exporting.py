@@ -52,6 +52,7 @@ def as_dict(span) -> dict:
         "kind": span.kind.name,
         "attributes": dict(span.attributes),
         "links": [[link.context.trace_id, link.context.span_id] for link in span.links],
+        "link_attributes": [dict(link.attributes) for link in span.links],
         "status": span.status.status_code.name,
         "events": [event.name for event in span.events],
         "pid": os.getpid(),

@@ -75,12 +75,13 @@ def test_the_dispatch_and_each_run_in_real_processes_link_to_the_scheduling_span
     spans = processes.wait_for(all_ended, 60, interval=0.2, message="three attempts' spans")
     runs = {(s["attributes"]["timeouts.job_id"], s["attributes"]["timeouts.attempt"]): s
             for s in spans if s["name"].startswith("timeouts run ")}
-    dispatches = {(s["attributes"]["timeouts.job_id"], s["attributes"]["timeouts.attempt"]): s
-                  for s in spans if s["name"].startswith("timeouts dispatch ")}
+    # A dispatch span links to each task it published; the link says which task and attempt.
+    dispatches = {(link["timeouts.job_id"], link["timeouts.attempt"]): s
+                  for s in spans if s["name"].startswith("timeouts dispatch ") for link in s["link_attributes"]}
     expected = {(done.job_id, 1), (failing.job_id, 1), (failing.job_id, 2)}
     assert set(runs) == expected and set(dispatches) == expected
     for span in [*runs.values(), *dispatches.values()]:
-        assert span["links"] == ids(checkout), span
+        assert span["links"] == ids(checkout) * len(span["links"]), span
         assert span["trace_id"] != checkout.get_span_context().trace_id  # linked, not a child
         assert span["pid"] != os.getpid()
 
@@ -91,8 +92,11 @@ def test_the_dispatch_and_each_run_in_real_processes_link_to_the_scheduling_span
         "timeouts.biz_type": "test.record", "timeouts.biz_id": "order-1", "timeouts.job_id": done.job_id,
         "timeouts.attempt": 1, "timeouts.kind": "handler", "timeouts.outcome": "done"}
     assert run["status"] == "UNSET" and run["events"] == []
-    assert dispatches[done.job_id, 1]["kind"] == "PRODUCER"
-    assert dispatches[done.job_id, 1]["attributes"]["timeouts.biz_id"] == "order-1"
+    dispatch = dispatches[done.job_id, 1]
+    assert dispatch["name"] == "timeouts dispatch test.record" and dispatch["kind"] == "PRODUCER"
+    assert dispatch["attributes"]["timeouts.biz_type"] == "test.record"
+    [link] = [link for link in dispatch["link_attributes"] if link["timeouts.job_id"] == done.job_id]
+    assert link["timeouts.biz_id"] == "order-1" and "timeouts.lateness_ms" in link
 
     for attempt, outcome in ((1, "retry"), (2, "dead")):
         run = runs[failing.job_id, attempt]
