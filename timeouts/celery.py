@@ -17,6 +17,7 @@ from kombu import Queue as _Queue
 
 from timeouts.conf import get_settings
 from timeouts.dispatch.brokers import is_amqp
+from timeouts.durable import unpacking as _unpacking  # noqa: F401 - registers the task of calls sent together
 from timeouts.durable.calls import cancel
 from timeouts.durable.task import DurableTask
 from timeouts.worker import reconnect_prefetch

@@ -10,7 +10,7 @@ from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 
 from timeouts import protocol
 from timeouts.dispatch import scan as scanning
-from timeouts.protocol import BACKLOG_AFTER, CALLS, RUN, RUN_BATCH
+from timeouts.protocol import BACKLOG_AFTER, RUN, RUN_BATCH
 from timeouts.storage import partitions, shards
 from timeouts.store import recovery, worker_connection
 from timeouts.worker import batches, priority, running
@@ -66,14 +66,6 @@ def run_batch(self, items, shard=DEFAULT_DB_ALIAS):
     give_way = priority.GiveWay(self, shard) if _in_backlog(self.request, items) else None
     with _for_the_message(self.request, shard):
         return batches.run_batch(items, give_way, shard)
-
-
-# Stored Celery calls claimed together (DurableTask, durable/together.py). The worker never runs
-# this body: the task's Strategy unpacks each message into ordinary requests of the calls' own tasks
-# (durable/unpacking.py), and acknowledges it once they all are.
-@shared_task(name=CALLS, bind=True, ignore_result=True, Strategy="timeouts.durable.unpacking:unpack")
-def calls(self, items):
-    raise RuntimeError(f"{CALLS} carries calls for a Celery worker to unpack; it does not run as a task")
 
 
 def _in_backlog(request, items) -> bool:

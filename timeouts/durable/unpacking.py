@@ -25,7 +25,7 @@ are dropped by it.
 import logging
 import threading
 
-from celery import signals
+from celery import shared_task, signals
 from celery.app import trace as app_trace
 from celery.exceptions import InvalidTaskError
 from celery.utils.imports import symbol_by_name
@@ -34,7 +34,7 @@ from celery.worker.request import create_request_cls
 from celery.worker.state import task_reserved, task_scheduled
 from kombu.asynchronous.timer import to_timestamp
 
-from timeouts.protocol import from_call_item
+from timeouts.protocol import CALLS, from_call_item
 
 logger = logging.getLogger(__name__)
 
@@ -223,3 +223,13 @@ def _timestamp(app, request):
                                              store_result=request.store_errors)
         request.reject(requeue=False)
         return False
+
+
+# The task whose messages carry stored calls claimed together (together.py). The worker never runs
+# its body: its Strategy, unpack above (named, since a function set on the task class would be bound
+# to it), turns each message into ordinary requests of the calls' own tasks, and acknowledges it once
+# they all are. timeouts.celery imports this module, so every worker of a project that uses
+# DurableTask knows the task.
+@shared_task(name=CALLS, bind=True, ignore_result=True, Strategy=f"{__name__}:unpack")
+def calls(self, items):
+    raise RuntimeError(f"{CALLS} carries calls for a Celery worker to unpack; it does not run as a task")
