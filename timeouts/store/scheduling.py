@@ -14,8 +14,8 @@ meets the key's waiting task, or an earlier item of the same key, as schedule() 
 
 Outside a transaction (the common case) schedule() does all that in one statement, its own
 transaction, with no BEGIN nor COMMIT: schedule_keyed, whose database function
-timeouts_waiting_for_key_v1 takes the key's locks and reads (or, to replace them, cancels) its
-waiting tasks with a snapshot taken after the locks (sql/migrations/0001_keyed_schedule.sql says
+timeouts_waiting_for_key_v2 takes the key's locks and reads (or, to replace them, cancels) its
+waiting tasks with a snapshot taken after the locks (sql/migrations/0002_keyed_schedule.sql says
 why that is race-free), and whose INSERT then adds the task.
 
 "debounce" moves the key's PENDING task rather than adding one. schedule() takes the key's lock
