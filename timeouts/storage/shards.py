@@ -47,7 +47,7 @@ def slot_of(biz_id: str) -> int:
     """The slot of a biz_id: the low bits of the first four bytes of its MD5, which PostgreSQL
     computes alike: `('x' || left(md5(biz_id), 8))::bit(32)::int & 1023`."""
     digest = hashlib.md5(biz_id.encode(), usedforsecurity=False).digest()
-    return int.from_bytes(digest[:4], "big") & (SLOTS - 1)
+    return (digest[2] << 8 | digest[3]) & (SLOTS - 1)  # SLOTS - 1 < 2**16: the low two bytes of the four
 
 
 def aliases() -> tuple[str, ...]:

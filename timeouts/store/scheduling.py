@@ -404,13 +404,16 @@ def _copy(rows, now, connection):
     earliest = None
     job_ids = _job_ids(connection, [where.slot for _, where in rows])
     trace_context = tracing.stored_context()  # the caller's, the same for the whole batch
-    statement = f"COPY timeouts_task ({', '.join(('job_id', *COPY_COLUMNS))}) FROM STDIN"
+    # Without one, its column is left out of the COPY (NULL, as it would write), one less to send per row.
+    columns = COPY_COLUMNS if trace_context is not None else COPY_COLUMNS[:-1]
+    statement = f"COPY timeouts_task ({', '.join(('job_id', *columns))}) FROM STDIN"
     with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
         for (new, _), job_id in zip(rows, job_ids, strict=True):
             at = new.at if new.delay is None and new.max_wait is None else due_time(new, now, now, now)
-            copy.write_row((job_id, new.biz_type, new.biz_id, at, at, new.attribute, new.max_attempts, new.ttr,
-                            trace_context))
-            earliest = at if earliest is None else min(earliest, at)
+            row = (job_id, new.biz_type, new.biz_id, at, at, new.attribute, new.max_attempts, new.ttr)
+            copy.write_row(row if trace_context is None else (*row, trace_context))
+            if earliest is None or at < earliest:
+                earliest = at
     return earliest
 
 
