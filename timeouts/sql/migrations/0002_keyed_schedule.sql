@@ -16,11 +16,13 @@
 --
 -- timeouts_waiting_for_key_v1 (0001_keyed_schedule.sql) with one change: the read of the first
 -- waiting task has no LIMIT. SELECT INTO asks the executor for one row, so only that row is
--- locked, as with LIMIT 1. With the LIMIT, the planner prefers a plan that yields rows in time
+-- locked, as with LIMIT 1. With the LIMIT, the planner may prefer a plan that yields rows in time
 -- order without a sort, walking each partition's (biz_type, action_time) index from its start: it
--- reads every task of the biz_type to find the key's, on every call. Without it, it finds the
--- key's few rows by (biz_id, biz_type) and sorts them. v1 stays for the processes of the release
--- before, which call it until they are replaced.
+-- then reads every task of the biz_type to find the key's, on every call. Without it, given the
+-- statistics of filled partitions, it finds the key's few rows by (biz_id, biz_type) and sorts
+-- them. (A plan made while the partitions are nearly empty, before their first ANALYZE, can
+-- still take the other index, and is kept until an ANALYZE replaces it.) v1 stays for the
+-- processes of the release before, which call it until they are replaced.
 CREATE FUNCTION timeouts_waiting_for_key_v2(
     lock_namespace integer, bucket_namespace integer, bucket_mask integer, key_type text, key_id text,
     replace boolean)
