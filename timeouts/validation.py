@@ -21,6 +21,8 @@ MAX_ATTRIBUTE_DEPTH = 64
 # A delay is added to the database clock, and the row must still be readable as a Python datetime
 # (years 1 to 9999). The margin covers any skew between the application's and the database's clocks.
 DELAY_CLOCK_MARGIN = timedelta(days=1)
+# An attribute left out, or empty, as JSON text.
+EMPTY_ATTRIBUTE = "{}"
 ON_CONFLICT = (None, "error", "replace", "keep", "debounce")
 # What schedule() does when the key already has a waiting task, unless told otherwise: refuse, so
 # that a second call for one business object is never a silent second timeout.
@@ -119,21 +121,25 @@ def action_time(at=None, delay=None):
 
 def attribute(value, max_bytes) -> str:
     """Return the attribute as JSON text, checked to round-trip through jsonb unchanged."""
-    if value is None:
-        value = {}
+    # The common case, none or an empty one: what json.dumps() writes for it, without the encoder's
+    # set-up on every call.
+    text = EMPTY_ATTRIBUTE if value is None or (type(value) is dict and not value) else _json_text(value)
+    size = len(text.encode())
+    if size > max_bytes:
+        raise InvalidAttribute(f"attribute is {size} bytes as JSON; MAX_ATTRIBUTE_BYTES is {max_bytes}")
+    return text
+
+
+def _json_text(value) -> str:
     if type(value) is not dict:  # the common case skips the ABC's check and the copy
         if not isinstance(value, Mapping):
             raise InvalidAttribute(f"attribute must be a JSON object (a dict), got {type(value).__name__}")
         value = dict(value)  # a read-only mapping too; what it holds must be JSON as it is
     _check_json(value, "attribute", 0)
     try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        return json.dumps(value, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
     except ValueError as exc:  # an int of more digits than int -> str allows (sys.get_int_max_str_digits)
         raise InvalidAttribute(f"attribute cannot be written as JSON: {exc}") from None
-    size = len(text.encode())
-    if size > max_bytes:
-        raise InvalidAttribute(f"attribute is {size} bytes as JSON; MAX_ATTRIBUTE_BYTES is {max_bytes}")
-    return text
 
 
 def _check_json(value, path, depth):

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.db.models.signals import post_init
 
 import timeouts
 from tests.support.factories import make_task, move_to
@@ -44,6 +45,28 @@ def test_the_returned_task_is_the_stored_row_field_by_field(when):
         assert getattr(task, field.attname) == getattr(stored, field.attname), field.name
     assert type(task.attribute["a"][0]) is type(stored.attribute["a"][0])  # as jsonb gives it back
     assert task._state.adding is False and task._state.db == stored._state.db
+
+
+def test_a_task_without_attribute_is_the_stored_row_and_model_signals_still_see_it():
+    """With no receiver of Model's init signals, schedule() sets the returned task's fields itself:
+    it must hold what the ORM's own instance holds; with one, the receiver sees the task."""
+    task = TimeoutTask.objects.schedule("test.slow", 8, delay=30)
+    stored = TimeoutTask.objects.get(job_id=task.job_id, action_time=task.action_time)
+    assert task.__dict__.keys() == stored.__dict__.keys()
+    for field in TimeoutTask._meta.concrete_fields:
+        assert getattr(task, field.attname) == getattr(stored, field.attname), field.name
+    assert task.attribute == {} and task._state.adding is False and task._state.db == stored._state.db
+    seen = []
+
+    def receiver(sender, instance, **kwargs):
+        seen.append(instance)
+
+    post_init.connect(receiver, sender=TimeoutTask)
+    try:
+        again = TimeoutTask.objects.schedule("test.slow", 9, delay=30)
+    finally:
+        post_init.disconnect(receiver, sender=TimeoutTask)
+    assert any(instance is again for instance in seen)
 
 
 def test_schedule_delay_is_added_to_the_database_clock():

@@ -230,6 +230,12 @@ _KEPT: "WeakKeyDictionary[BaseDatabaseWrapper, tuple]" = WeakKeyDictionary()
 def _kept_cursor(db, name):
     """Django's cursor wrapper (error translation, query logging, execute_wrapper hooks) around the
     kept cursor: the steps of Django's own cursor(), without building a cursor to throw away."""
+    cursor = _kept(db, name)
+    return db.make_debug_cursor(cursor) if db.queries_logged else db.make_cursor(cursor)
+
+
+def _kept(db, name) -> "_KeptCursor":
+    """The kept cursor of query `name` on `db`, after the checks Django's cursor() makes first."""
     db.close_if_health_check_failed()
     db.ensure_connection()
     db.validate_thread_sharing()
@@ -240,7 +246,7 @@ def _kept_cursor(db, name):
     cursor = cursors.get(name)
     if cursor is None:
         cursor = cursors[name] = _KeptCursor(db.connection, db.timezone)
-    return db.make_debug_cursor(cursor) if db.queries_logged else db.make_cursor(cursor)
+    return cursor
 
 
 def fetch_dicts(name, params=None, *, using=None, partition=None) -> list[dict]:
@@ -265,5 +271,17 @@ def fetch_one(name, params=None, *, using=None, partition=None) -> dict | None:
 def fetch_values(name, params=None, *, using=None) -> tuple | None:
     """The first row as a tuple, in the query's column order, for schedule()'s hot path, which
     reads it by position: no column names, no dict."""
+    db = using or worker_connection.current()
+    if name in PREPARED and isinstance(db, BaseDatabaseWrapper) and not db.execute_wrappers \
+            and not db.queries_logged:
+        # What Django's cursor wrapper would do around the kept cursor, with no execute_wrapper
+        # hook to call and no query to log: refuse to run in a broken transaction, and translate
+        # psycopg's errors into Django's, for the statement and its fetch. Without building the
+        # wrapper, and the error-translating closure its fetchone() builds on every call.
+        cursor = _kept(db, name)
+        db.validate_no_broken_transaction()
+        with db.wrap_database_errors:
+            cursor.execute(QUERIES[name], params)
+            return cursor.fetchone()
     with execute(name, params, using=using) as cursor:
         return cursor.fetchone()

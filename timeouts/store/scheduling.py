@@ -14,8 +14,8 @@ meets the key's waiting task, or an earlier item of the same key, as schedule() 
 
 Outside a transaction (the common case) schedule() does all that in one statement, its own
 transaction, with no BEGIN nor COMMIT: schedule_keyed, whose database function
-timeouts_waiting_for_key_v1 takes the key's locks and reads (or, to replace them, cancels) its
-waiting tasks with a snapshot taken after the locks (sql/migrations/0001_keyed_schedule.sql says
+timeouts_waiting_for_key_v2 takes the key's locks and reads (or, to replace them, cancels) its
+waiting tasks with a snapshot taken after the locks (sql/migrations/0002_keyed_schedule.sql says
 why that is race-free), and whose INSERT then adds the task.
 
 "debounce" moves the key's PENDING task rather than adding one. schedule() takes the key's lock
@@ -74,7 +74,9 @@ def lock_key(key: dict, connection) -> None:
 COPY_COLUMNS = ("biz_type", "biz_id", "action_time", "run_at", "attribute", "max_attempts", "ttr", "trace_context")
 
 
-@dataclass(frozen=True)
+# Not frozen: one is made per task, and a frozen dataclass sets each field through
+# object.__setattr__(). None is changed once made: replace() makes another.
+@dataclass(slots=True)
 class NewTask:
     biz_type: str
     biz_id: str
@@ -131,7 +133,7 @@ def schedule(model, biz_type, biz_id, *, at=None, delay=None, attribute=None, on
     _require_transaction([where.alias], f"the task {new.biz_type}:{new.biz_id}", chosen=using is not None)
     connection = connections[where.alias]
     if new.on_conflict is None:
-        return events.scheduled(insert(model, new, where, connection), where.alias)
+        return events.scheduled(insert(model, new, where, connection), where.alias, connection=connection)
     if new.on_conflict == "debounce" and connection.get_autocommit():
         # Outside a transaction the move is one statement, its own transaction: no BEGIN, no
         # COMMIT. Only when the key has no PENDING task does the call go on below, where the key's
@@ -164,7 +166,7 @@ def _schedule_keyed_alone(model, new: NewTask, where: shards.Place, connection):
     return events.scheduled(model._inserted(
         using, job_id=job_id, biz_type=new.biz_type, biz_id=new.biz_id, action_time=action_time,
         attribute=attribute, max_attempts=new.max_attempts, ttr=new.ttr, created_at=created_at,
-    ), using)
+    ), using, connection=connection)
 
 
 def _schedule_keyed_in_transaction(model, new: NewTask, where: shards.Place):
@@ -248,7 +250,7 @@ def bulk_schedule(model, items: Iterable[Mapping[str, Any]], *, using: str | Non
         raise TimeoutsError(f"bulk_schedule() takes an iterable of dicts, got {type(items).__name__}")
     prepared = []
     for index, item in enumerate(items):
-        if not isinstance(item, Mapping):
+        if type(item) is not dict and not isinstance(item, Mapping):  # a dict skips the ABC's check
             raise TimeoutsError(f"item {index}: expected a dict of schedule() arguments, got {type(item).__name__}")
         try:
             prepared.append((index, prepare(**item)))
@@ -275,6 +277,8 @@ def bulk_schedule(model, items: Iterable[Mapping[str, Any]], *, using: str | Non
 def _require_transaction(aliases, what, *, chosen):
     """Refused when a task would go to a shard outside the caller's transaction; `chosen`: the
     caller named the shard (TimeoutTask.objects.using())."""
+    if shards.shards_in_transaction() is None:  # the common case: nothing to refuse, no message to write
+        return
     router = get_settings().SHARD_ROUTER
     if chosen:
         remedy = "name the database of your transaction in TimeoutTask.objects.using()"
@@ -400,13 +404,16 @@ def _copy(rows, now, connection):
     earliest = None
     job_ids = _job_ids(connection, [where.slot for _, where in rows])
     trace_context = tracing.stored_context()  # the caller's, the same for the whole batch
-    statement = f"COPY timeouts_task ({', '.join(('job_id', *COPY_COLUMNS))}) FROM STDIN"
+    # Without one, its column is left out of the COPY (NULL, as it would write), one less to send per row.
+    columns = COPY_COLUMNS if trace_context is not None else COPY_COLUMNS[:-1]
+    statement = f"COPY timeouts_task ({', '.join(('job_id', *columns))}) FROM STDIN"
     with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
         for (new, _), job_id in zip(rows, job_ids, strict=True):
-            at = due_time(new, now, now, now)
-            copy.write_row((job_id, new.biz_type, new.biz_id, at, at, new.attribute, new.max_attempts, new.ttr,
-                            trace_context))
-            earliest = at if earliest is None else min(earliest, at)
+            at = new.at if new.delay is None and new.max_wait is None else due_time(new, now, now, now)
+            row = (job_id, new.biz_type, new.biz_id, at, at, new.attribute, new.max_attempts, new.ttr)
+            copy.write_row(row if trace_context is None else (*row, trace_context))
+            if earliest is None or at < earliest:
+                earliest = at
     return earliest
 
 

@@ -28,6 +28,7 @@ VOLATILE = frozenset({
     "timeouts_notify_v1",  # sql/migrations/0001_notify.sql: PL/pgSQL, volatile by default (and it NOTIFYs)
     "timeouts_debounce_v1",  # sql/migrations/0001_debounce.sql: PL/pgSQL, volatile (it locks, moves and NOTIFYs)
     "timeouts_waiting_for_key_v1",  # sql/migrations/0001_keyed_schedule.sql: PL/pgSQL, volatile (it locks)
+    "timeouts_waiting_for_key_v2",  # sql/migrations/0002_keyed_schedule.sql: PL/pgSQL, volatile (it locks)
 })
 # The other functions the queries call, STABLE or IMMUTABLE. A query that calls a function in
 # neither list fails test_every_function_a_query_calls_is_classified: add it to the right one

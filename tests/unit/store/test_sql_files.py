@@ -40,6 +40,8 @@ MIGRATED = {
     "0001_notify_reverse.sql": "55011e5005309992ce597e8a06de4556fef892ce04b0f238d56f2224dd6b8a5b",
     "0001_tasks.sql": "87b8d101da5ffcd153f24acc73aa0c2f5f327f784b30a99cc1c00868d2dec900",
     "0001_tasks_reverse.sql": "3365fbd341a44f8052280f87b0a5013ef8c636ed7969312bcd7f531fb917a0a5",
+    "0002_keyed_schedule.sql": "d6f260d5412751c4cdfba904dd94983ffe0fbc28b1735f098377c752e115f2e7",
+    "0002_keyed_schedule_reverse.sql": "27b740599d853ff460fb0efe56a8dee0455fdaa3d7503dfb56960d27dfa81a44",
 }
 
 

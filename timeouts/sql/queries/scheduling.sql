@@ -60,7 +60,7 @@ CASE WHEN run_at <= created_at + %(horizon)s * interval '1 second'
 --
 -- schedule() with on_conflict "error", "keep" or "replace", outside a transaction: the statement is
 -- its own transaction, and holds the key's lock from the read to the insert
--- (timeouts_waiting_for_key_v1, in sql/migrations/0001_keyed_schedule.sql, says why that is
+-- (timeouts_waiting_for_key_v2, in sql/migrations/0002_keyed_schedule.sql, says why that is
 -- race-free). The function's one row comes first: the insert reads it. The new task's row is
 -- insert_task's; it is inserted when the key has no waiting task, or with `replace`, after the
 -- function cancelled them. Returns insert_task's columns (NULL when nothing was inserted), then the
@@ -68,7 +68,7 @@ CASE WHEN run_at <= created_at + %(horizon)s * interval '1 second'
 -- queries.py makes it notify as insert_task_autocommit does. Prepared (on schedule()'s path by
 -- default): the casts give its parameters their types.
 WITH waiting AS MATERIALIZED (
-    SELECT * FROM timeouts_waiting_for_key_v1(%(namespace)s::integer, %(bucket_namespace)s::integer,
+    SELECT * FROM timeouts_waiting_for_key_v2(%(namespace)s::integer, %(bucket_namespace)s::integer,
                                               %(bucket_mask)s::integer, %(biz_type)s::text, %(biz_id)s::text,
                                               %(replace)s::boolean)
 ), inserted AS (
