@@ -1,12 +1,13 @@
 """What the tests that drive the worker's steps in the test process share: the claim of the one task
-due, a statement on the test's connection, and a call in a thread of its own, on a connection of its
-own (the other side of a race)."""
+due, a statement on the test's connection, a call in a thread of its own, on a connection of its
+own (the other side of a race), and a cancel that holds its row lock there."""
 
 import threading
 
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 
 from timeouts.dispatch.claiming import claim_due
+from timeouts.models import TimeoutTask
 
 
 def claim_one():
@@ -36,3 +37,20 @@ def in_thread(func):
     thread = threading.Thread(target=target)
     thread.start()
     return thread, result
+
+
+def cancel_and_hold(job_id):
+    """Cancel the task in a transaction of another thread that keeps the row locked until told to
+    commit: (the thread, its result as in_thread's, an Event set once the row is locked, an Event
+    to set for the commit)."""
+    locked, release = threading.Event(), threading.Event()
+
+    def cancel():
+        with transaction.atomic():
+            cancelled = TimeoutTask.objects.get(job_id=job_id).cancel()
+            locked.set()
+            release.wait(10)
+        return cancelled
+
+    thread, result = in_thread(cancel)
+    return thread, result, locked, release

@@ -12,12 +12,12 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import timeouts
 from tests.support.isolation import no_limits  # noqa: F401  (a fixture)
-from tests.support.worker_steps import claim_one, in_thread, sql
+from tests.support.worker_steps import cancel_and_hold, claim_one, in_thread, sql
 from tests.testapp import tasks as durable_tasks
 from timeouts import events, metrics, registry
 from timeouts.dispatch import late_sweep
@@ -176,16 +176,7 @@ def test_the_sweep_and_the_start_write_the_same_text():
 def test_a_cancel_that_returned_true_is_not_undone_and_the_sweep_never_waits_for_it(on_late, starts):
     timeouts.set_limits("test.record", max_lateness=timedelta(seconds=1), on_late=on_late)
     task = scheduled(ago=10)
-    locked, release = threading.Event(), threading.Event()
-
-    def cancel_and_hold():
-        with transaction.atomic():
-            cancelled = TimeoutTask.objects.get(job_id=task.job_id).cancel()
-            locked.set()
-            release.wait(10)
-        return cancelled
-
-    canceller, cancel_result = in_thread(cancel_and_hold)
+    canceller, cancel_result, locked, release = cancel_and_hold(task.job_id)
     assert locked.wait(10)
     started = time.monotonic()
     sweeper, swept = in_thread(end_late)

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection, transaction
 
 import timeouts
-from tests.support.worker_steps import claim_one, in_thread, sql
+from tests.support.worker_steps import cancel_and_hold, claim_one, in_thread, sql
 from timeouts import registry
 from timeouts.dispatch.claiming import claim_due
 from timeouts.models import TimeoutTask
@@ -218,16 +218,7 @@ def test_cancel_waits_for_a_concurrent_start_and_then_loses(starts):
 def test_start_waits_for_a_concurrent_cancel_and_then_drops(starts):
     task = due_task()
     claim = claim_one()
-    locked, release = threading.Event(), threading.Event()
-
-    def cancel_and_hold():
-        with transaction.atomic():
-            result = TimeoutTask.objects.get(job_id=task.job_id).cancel()
-            locked.set()
-            release.wait(10)
-        return result
-
-    canceller, cancel_result = in_thread(cancel_and_hold)
+    canceller, cancel_result, locked, release = cancel_and_hold(task.job_id)
     assert locked.wait(10)
     runner, run_result = in_thread(lambda: run_message(claim))
     runner.join(0.3)

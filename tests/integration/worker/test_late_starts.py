@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 import timeouts
 from tests.support import processes
 from tests.support.isolation import no_limits  # noqa: F401  (a fixture)
-from tests.support.worker_steps import claim_one, in_thread, sql
+from tests.support.worker_steps import cancel_and_hold, claim_one, in_thread, sql
 from tests.testapp import tasks as durable_tasks
 from tests.testapp.recorder import record
 from timeouts import events, registry
@@ -208,16 +208,7 @@ def test_a_cancel_that_returned_true_is_not_undone_by_a_late_start(on_late, star
     timeouts.set_limits("test.record", max_lateness=timedelta(seconds=1), on_late=on_late)
     task = scheduled(ago=10)
     claim = claim_one()
-    locked, release = threading.Event(), threading.Event()
-
-    def cancel_and_hold():
-        with transaction.atomic():
-            cancelled = TimeoutTask.objects.get(job_id=task.job_id).cancel()
-            locked.set()
-            release.wait(10)
-        return cancelled
-
-    canceller, cancel_result = in_thread(cancel_and_hold)
+    canceller, cancel_result, locked, release = cancel_and_hold(task.job_id)
     assert locked.wait(10)
     runner, run_result = in_thread(lambda: running.run(claim.fence))
     waiting_for_a_row_lock()
