@@ -11,8 +11,8 @@ processes:
 scheduled in a span. `on` runs the worker and the dispatcher with `benchmarks.settings_tracing`
 (a TracerProvider with a BatchSpanProcessor and an exporter that drops the spans, span_sink.py), and
 the bench makes each schedule() call (each bulk_schedule() call of the drain) in a span of its own,
-as an instrumented request would: every task stores its trace context, and its dispatch and its run
-are spans linked to it.
+as an instrumented request would: every task stores its trace context, its run is a span linked to
+it, and so is the dispatch span of the batch that published it.
 """
 
 import tempfile
