@@ -43,6 +43,7 @@ MIGRATED = {
     "0002_keyed_schedule.sql": "d6f260d5412751c4cdfba904dd94983ffe0fbc28b1735f098377c752e115f2e7",
     "0002_keyed_schedule_reverse.sql": "27b740599d853ff460fb0efe56a8dee0455fdaa3d7503dfb56960d27dfa81a44",
     "0003_keyed_plan.sql": "1b6681c91ce4a71ba977adee6cb3fadce1ea79f81b94f7b68d4054517f868de5",
+    "0004_debounce_plan.sql": "38206217d6a2d23b45dd417fc87d3f97b5e1a0bb6062a37837d2c9e4f0d07863",
 }
 
 
