@@ -13,7 +13,11 @@ one before. The dispatcher and a worker run throughout, so every key's task runs
 - missing, duplicates, early: a task not cancelled that never started, started twice, started
   before its action_time; and a cancelled task that started (cancelled_started);
 - keys_run_once, keys_run_more, keys_not_run: how often each key's handler ran (once, by the rules,
-  when its calls all came before its task fell due);
+  when its calls all came before its task was claimed); keys_run_more counts a key whose later
+  task came from a call made while the one before was still PENDING, which debounce should have
+  moved instead; keys_called_late a key whose later task came from a call made after the one
+  before was claimed, where a new task is the rule (the writers drift apart on a slow machine, so
+  a key's last calls can come after its first's max_wait);
 - over_cap: debounced tasks due more than max_wait after their first scheduling (created_at);
   first_to_start_max_s: the longest from a key's first scheduling to its start, which is at most
   max_wait plus the dispatcher's lateness (p50_ms, p99_ms, max_ms: started_at - action_time);
@@ -27,6 +31,7 @@ shared).
 import sys
 import time
 from datetime import timedelta
+from itertools import pairwise
 
 from timeouts.states import Status
 
@@ -44,18 +49,18 @@ SCENARIOS = ("debounce",)
 VARIANTS = ("replace", "debounce")
 LABELS = {"replace": 'schedule(on_conflict="replace")', "debounce": 'schedule(on_conflict="debounce", max_wait=...)'}
 METRICS = ("calls_per_s", "missing", "duplicates", "early", "cancelled_started", "keys_run_once", "keys_run_more",
-           "keys_not_run", "over_cap", "capped", "first_to_start_max_s", "p50_ms", "p99_ms", "max_ms", "loadavg_1min",
-           "cpu_steal_pct")
-HEADERS = ["calls/s", "missing", "dup", "early", "cancelled ran", "keys run once", "keys run more", "keys not run",
-           "over max_wait", "capped", "first call to start, max s", "p50 ms", "p99 ms", "max ms", "load 1 min",
-           "steal %"]
+           "keys_called_late", "keys_not_run", "over_cap", "capped", "first_to_start_max_s", "p50_ms", "p99_ms",
+           "max_ms", "loadavg_1min", "cpu_steal_pct")
+HEADERS = ["calls/s", "missing", "dup", "early", "cancelled ran", "keys run once", "keys run more",
+           "keys called after a claim", "keys not run", "over max_wait", "capped", "first call to start, max s",
+           "p50 ms", "p99 ms", "max ms", "load 1 min", "steal %"]
 TITLE = ("{n_debounce:,} keys, {debounce_calls} calls each by {debounce_writers} writer processes, "
          "delay {debounce_delay:g} s, max_wait {debounce_max_wait:g} s (debounce only)")
 READY_TIMEOUT = 120.0  # seconds for a writer to set up and warm its connection
 RESULT_TIMEOUT = 3600.0  # seconds for a writer to make its calls
 # The tasks of the bench's biz_type, with their start rows (none, one, or more).
 ROWS = """
-SELECT t.biz_id, t.job_id, t.status, t.created_at, t.action_time, s.started_at
+SELECT t.biz_id, t.job_id, t.status, t.created_at, t.action_time, t.dispatched_at, s.started_at
 FROM timeouts_task AS t LEFT JOIN timeouts_bench_start AS s ON s.job_id = t.job_id
 WHERE t.biz_type = %s
 """
@@ -85,17 +90,17 @@ def calls_per_s(results: list[dict]) -> float | None:
 
 
 def analyze(rows, max_wait: timedelta | None) -> dict:
-    """The checks of one run from ROWS: (biz_id, job_id, status, created_at, action_time, started_at
-    or None), a row per start (one with None for a task that never started). `max_wait`: the
-    debounced run's, for over_cap and capped (None for replace)."""
-    tasks, starts = {}, {}
-    for biz_id, job_id, status, created_at, action_time, started_at in rows:
-        tasks[job_id] = (biz_id, status, created_at, action_time)
+    """The checks of one run from ROWS: (biz_id, job_id, status, created_at, action_time,
+    dispatched_at, started_at or None), a row per start (one with None for a task that never
+    started). `max_wait`: the debounced run's, for over_cap and capped (None for replace)."""
+    tasks, starts, ran = {}, {}, {}
+    for biz_id, job_id, status, created_at, action_time, dispatched_at, started_at in rows:
+        tasks[job_id] = (biz_id, status, created_at, action_time, dispatched_at)
         if started_at is not None:
             starts.setdefault(job_id, []).append(started_at)
     missing = duplicates = early = cancelled_started = over_cap = capped = 0
     runs, first_created, first_started, lateness = {}, {}, {}, []
-    for job_id, (biz_id, status, created_at, action_time) in tasks.items():
+    for job_id, (biz_id, status, created_at, action_time, dispatched_at) in tasks.items():
         started = sorted(starts.get(job_id, []))
         first_created[biz_id] = min(created_at, first_created.get(biz_id, created_at))
         runs.setdefault(biz_id, 0)
@@ -109,21 +114,31 @@ def analyze(rows, max_wait: timedelta | None) -> dict:
             missing += 1
             continue
         runs[biz_id] += 1
+        ran.setdefault(biz_id, []).append((created_at, dispatched_at))
         duplicates += len(started) - 1
         early += sum(at < action_time for at in started)
         lateness.append((started[0] - action_time).total_seconds() * 1000.0)
         first_started[biz_id] = min(started[0], first_started.get(biz_id, started[0]))
     lateness.sort()
+    called_late = {key for key, tasks_run in ran.items() if len(tasks_run) > 1 and _called_after_claims(tasks_run)}
     to_start = [(first_started[key] - first_created[key]).total_seconds() for key in first_started]
     return {
         "keys": len(runs), "tasks": len(tasks), "missing": missing, "duplicates": duplicates, "early": early,
         "cancelled_started": cancelled_started, "over_cap": over_cap, "capped": capped,
-        "keys_run_once": sum(n == 1 for n in runs.values()), "keys_run_more": sum(n > 1 for n in runs.values()),
+        "keys_run_once": sum(n == 1 for n in runs.values()),
+        "keys_run_more": sum(n > 1 and key not in called_late for key, n in runs.items()),
+        "keys_called_late": len(called_late),
         "keys_not_run": sum(n == 0 for n in runs.values()),
         "first_to_start_max_s": rnd(max(to_start)) if to_start else None,
         "p50_ms": rnd(pct(lateness, 50)), "p99_ms": rnd(pct(lateness, 99)),
         "max_ms": rnd(lateness[-1] if lateness else None),
     }
+
+
+def _called_after_claims(tasks_run) -> bool:
+    """Whether each of a key's tasks that ran, (created_at, dispatched_at), but its first was created
+    after the one before it was claimed: by a call that found no PENDING task to move."""
+    return all(before[1] is not None and after[0] >= before[1] for before, after in pairwise(sorted(tasks_run)))
 
 
 # --- a run -------------------------------------------------------------------------------------------

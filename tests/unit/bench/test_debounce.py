@@ -38,8 +38,12 @@ def test_calls_per_s_is_all_calls_over_the_writers_whole_span():
     assert calls_per_s([]) is None
 
 
-def row(key, job_id, status, created, due, started=None):
-    return (key, job_id, status, s(created), s(due), None if started is None else s(started))
+def row(key, job_id, status, created, due, started=None, dispatched=None):
+    """A task's row: claimed 0.1 s before it is due unless said, and only if it started."""
+    if dispatched is None and started is not None:
+        dispatched = due - 0.1
+    return (key, job_id, status, s(created), s(due), None if dispatched is None else s(dispatched),
+            None if started is None else s(started))
 
 
 def test_a_debounced_run_where_each_key_ran_once_within_its_cap():
@@ -58,14 +62,17 @@ def test_what_the_checks_catch():
         row("twice", 2, Status.DONE, 0, 5, 5.1), row("twice", 2, Status.DONE, 0, 5, 5.2),
         row("early", 3, Status.DONE, 0, 5, 4.9),
         row("never", 4, Status.PENDING, 0, 5),
-        row("again", 5, Status.DONE, 0, 1, 1.1), row("again", 6, Status.DONE, 2, 4, 4.1),
+        # a second task created while the first was still PENDING: debounce should have moved it
+        row("again", 5, Status.DONE, 0, 4, 4.1), row("again", 6, Status.DONE, 2, 5, 5.1),
         row("cancelled", 7, Status.CANCELLED, 0, 5, 5.1),
+        # a second task created by a call after the first was claimed: the rule, not a miss
+        row("called late", 8, Status.DONE, 0, 1, 1.1), row("called late", 9, Status.DONE, 0.95, 4, 4.1),
     ]
     out = analyze(rows, MAX_WAIT)
     caught = ("over_cap", "duplicates", "early", "missing", "cancelled_started")
     assert [out[name] for name in caught] == [1, 1, 1, 1, 1]
-    assert (out["keys_run_once"], out["keys_run_more"], out["keys_not_run"]) == (3, 1, 2)
-    assert out["keys"] == 6 and out["tasks"] == 7
+    assert (out["keys_run_once"], out["keys_run_more"], out["keys_called_late"], out["keys_not_run"]) == (3, 1, 1, 2)
+    assert out["keys"] == 7 and out["tasks"] == 9
 
 
 def test_a_replaced_run_counts_the_cancelled_tasks_as_none_of_the_keys_runs():
