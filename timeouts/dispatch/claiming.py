@@ -81,7 +81,7 @@ def claim_due(limit: int, lead: float = 0.0) -> list[Claim]:
 
     if faults.ARMED and faults.armed("claim.before_commit"):
         claim = _faulting_before_commit(claim)  # tests only: never a transaction when unarmed
-    rows = events.dispatched(retry_on_conflict(claim))
+    rows = events.dispatched(retry_on_conflict(claim, using=shard))
     if rows:
         faults.fault("claim.after_commit")
     return sorted(
