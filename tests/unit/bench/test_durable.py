@@ -1,9 +1,9 @@
 """The durable_restart scenario's counts: calls run twice, split by whether the kill explains them;
-late calls, and how fast the new worker ran them."""
+late calls, how fast the new worker ran them, and against what."""
 
 from datetime import UTC, datetime, timedelta
 
-from benchmarks.durable import _late, _twice
+from benchmarks.durable import _late, _twice, ratios, targets
 
 BASE = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -58,3 +58,47 @@ def test_no_catch_up_rate_without_a_backlog():
     starts = [(k, at(k + 0.001)) for k in range(50)]
 
     assert _late(expected, starts, at(100).timestamp(), at(105).timestamp())["catch_up_per_s"] is None
+
+
+def test_late_calls_in_the_outages_catch_up_are_not_counted_outside_it():
+    # Killed at 10 s, back at 15 s (T = 5 s), 10 calls falling due a second (A), the new worker
+    # running 20 a second (C): the catch-up lasts T x A / (C - A) = 5 s, to 20 s, when the worker
+    # reaches the calls due then. One call due at 25 s starts 2 s late, after the catch-up.
+    due = {k: at(k / 10) for k in range(300)}
+    starts = [(k, at(k / 10 + 0.001)) for k in range(100)]  # on time before the kill
+    starts += [(k, at(15 + (k - 100) / 20)) for k in range(100, 300) if k != 250]  # from 15 s, 20 a second
+    starts += [(250, at(27))]
+    out = _late(due, starts, at(10).timestamp(), at(15).timestamp(), due_per_s=10)
+
+    assert out["catch_up_per_s"] == 20.0
+    # Late over 1 s: the 50 due in the outage, the 30 due from 15 s that waited behind them, and the one.
+    assert (out["late"], out["late_in_outage"], out["late_outside_outage"]) == (81, 50, 31)
+    assert out["late_outside_catch_up"] == 1
+
+
+def test_a_worker_no_faster_than_calls_fall_due_is_given_no_catch_up():
+    due = {k: at(k / 10) for k in range(300)}
+    starts = [(k, at(15 + k / 10)) for k in range(100, 300)] + [(k, at(k / 10)) for k in range(100)]
+    out = _late(due, starts, at(10).timestamp(), at(15).timestamp(), due_per_s=10)
+
+    assert out["late_outside_catch_up"] == out["late_outside_outage"] > 0
+
+
+def test_the_catch_up_is_compared_with_celery_directs_drain_of_the_same_repeat():
+    runs = [{"scenario": "durable_restart", "path": "durable", "rep": 0, "catch_up_per_s": 400.0},
+            {"scenario": "drain", "path": "celery", "rep": 0, "start_per_s": 800.0},
+            {"scenario": "durable_restart", "path": "durable", "rep": 1, "catch_up_per_s": 300.0},
+            {"scenario": "drain", "path": "celery", "rep": 1, "start_per_s": 1000.0},
+            {"scenario": "durable_restart", "path": "durable", "rep": 2, "catch_up_per_s": None}]
+
+    ratio = ratios(runs)["durable_restart"]["durable/celery_drain"]["catch_up_per_s"]
+
+    assert (ratio["min"], ratio["max"]) == (0.3, 0.5)
+    checks = {name: check(value) for _, name, value, check in targets({}, ratios(runs)) if value is not None}
+    assert checks == {"durable_restart: DurableTask's catch-up / Celery direct's drain (drain scenario) >= 0.8": False}
+
+
+def test_no_catch_up_ratio_without_the_drain():
+    runs = [{"scenario": "durable_restart", "path": "durable", "rep": 0, "catch_up_per_s": 400.0}]
+
+    assert "durable_restart" not in ratios(runs)
