@@ -31,7 +31,7 @@ from .database import BenchError, reset
 from .durable_cpu import measure as _cpu
 from .handlers import DIRECT_TASK, DURABLE_TASK, DURABLE_TTR
 from .idle import _rss_mb
-from .pairs import median_ratio, ratios_of
+from .pairs import across, median_ratio, ratios_of
 from .processes import Processes, flush_broker
 from .progress import note
 from .workload import due_times, wait_for_starts, wait_until, warm_worker
@@ -296,24 +296,12 @@ def ratios(runs) -> dict:
         ("durable_memory", "celery_eta", "idle", ("rss_mb",)),
         ("durable_cost", "durable", "celery_eta", ("sched_per_s",)),
         ("durable_cpu", "durable", "celery_plain", CPU_RATIOS)) for metric in metrics])
-    catch_up = _catch_up_against_drain(runs)
+    # The restart's catch-up against the drain scenario's Celery direct path in the same repeat:
+    # the same body, one message a call, on the same worker (measured when the run has both).
+    catch_up = across(runs, ("durable_restart", "durable", "catch_up_per_s"), ("drain", "celery", "start_per_s"))
     if catch_up:
         out.setdefault("durable_restart", {})["durable/celery_drain"] = {"catch_up_per_s": catch_up}
     return out
-
-
-def _catch_up_against_drain(runs):
-    """Per repeat: the restart's catch-up (the calls/s at which the new worker ran the backlog)
-    against the drain scenario's Celery direct path in the same repeat: the same body, one message
-    a call, on the same worker. Measured only when the run has both scenarios."""
-    by = {}
-    for r in runs:
-        if (r.get("scenario"), r.get("path")) == ("durable_restart", "durable"):
-            by.setdefault(r["rep"], {})["catch_up"] = r.get("catch_up_per_s")
-        elif (r.get("scenario"), r.get("path")) == ("drain", "celery"):
-            by.setdefault(r["rep"], {})["drain"] = r.get("start_per_s")
-    return stats.summarize([x["catch_up"] / x["drain"] for x in by.values()
-                            if x.get("catch_up") is not None and x.get("drain")])
 
 
 def targets(summary, ratio_table) -> list:

@@ -6,12 +6,18 @@ from .stats import summarize
 
 def paired(runs, scenario, a, b, metric):
     """summary of a/b per repeat, for runs of `scenario` on paths a and b."""
+    return across(runs, (scenario, a, metric), (scenario, b, metric))
+
+
+def across(runs, a, b):
+    """summary of a/b per repeat, a and b each (scenario, path, metric): the same metric of two
+    paths, or two scenarios' metrics measured in the same repeat."""
     by = {}
     for r in runs:
-        if r.get("scenario") == scenario and r.get("path") in (a, b):
-            by.setdefault(r["rep"], {})[r["path"]] = r.get(metric)
-    ratios = [x[a] / x[b] for x in by.values() if x.get(a) is not None and x.get(b)]
-    return summarize(ratios)
+        for side, (scenario, path, metric) in (("a", a), ("b", b)):
+            if r.get("scenario") == scenario and r.get("path") == path:
+                by.setdefault(r["rep"], {})[side] = r.get(metric)
+    return summarize([x["a"] / x["b"] for x in by.values() if x.get("a") is not None and x.get("b")])
 
 
 def by_rep(ours, theirs, metric, their_metric):
