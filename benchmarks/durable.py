@@ -52,6 +52,7 @@ REDIS_UNACKED = "unacked"  # kombu's Redis transport: messages delivered and not
 # durable_cpu: the ratios per repeat, CPU ms per call: the total, with the broker, and the groups both have.
 CPU_RATIOS = ("total_ms", "total_with_broker_ms", "caller_ms", "worker_main_ms", "worker_pool_ms", "postgres_ms")
 LATE = 1.0  # seconds: a call started later than this after its due time is late
+CALLS_SHOWN = 10  # durable_restart: the late calls outside the catch-up shown one by one
 COUNTDOWN = 3600.0  # durable_cost and durable_memory: calls due in an hour
 
 
@@ -216,10 +217,14 @@ def _late(expected, starts, outage_from, outage_to, due_per_s=None) -> dict:
     second, over the middle 90 % of their start times (the few calls found only when their lease
     ran out start seconds later, and would stretch the span).
 
-    `late_outside_catch_up` counts the late calls due neither in the outage nor in its catch-up: the
-    T x A / (C - A) seconds after it that the durable-task how-to gives for workers running C calls
-    a second (`catch_up_per_s`) while A fall due (`due_per_s`), after an outage of T seconds.
-    Workers no faster than the calls falling due never catch up, and are given no catch-up."""
+    `late_outside_catch_up` counts the late calls that started outside the outage and its catch-up:
+    before the kill (the workers lagged), or after the catch-up, whatever their due time (a call the
+    killed worker held, run again only once its lease ran out). The catch-up is the T x A / (C - A)
+    seconds after the outage that the durable-task how-to gives for workers running C calls a second
+    (`catch_up_per_s`) while A fall due (`due_per_s`), after an outage of T seconds; a call starts
+    within LATE of its due time again from its end. A call due just before the kill that had not
+    started by then is the outage's too, as are those due in it. Workers no faster than the calls
+    falling due never catch up, and are given no catch-up."""
     first = {}
     for key, started_at in starts:
         if key in expected and (key not in first or started_at < first[key]):
@@ -234,7 +239,13 @@ def _late(expected, starts, outage_from, outage_to, due_per_s=None) -> dict:
         caught_up = outage_to
         if catch_up is not None and catch_up > due_per_s:
             caught_up += (outage_to - outage_from) * due_per_s / (catch_up - due_per_s)
-        out["late_outside_catch_up"] = sum(1 for k in late if not outage_from <= expected[k].timestamp() < caught_up)
+        outside = sorted(k for k in late if not outage_from <= first[k].timestamp() < caught_up + LATE)
+        out["late_outside_catch_up"] = len(outside)
+        # Each such call's due time from the kill and its lateness, seconds: what made it late shows
+        # in them (late by a lease, or late before the kill).
+        out["late_outside_catch_up_calls"] = [
+            (round(expected[k].timestamp() - outage_from, 3), round((first[k] - expected[k]).total_seconds(), 3))
+            for k in outside[:CALLS_SHOWN]]
     return out
 
 

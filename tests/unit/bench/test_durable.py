@@ -74,6 +74,30 @@ def test_late_calls_in_the_outages_catch_up_are_not_counted_outside_it():
     # Late over 1 s: the 50 due in the outage, the 30 due from 15 s that waited behind them, and the one.
     assert (out["late"], out["late_in_outage"], out["late_outside_outage"]) == (81, 50, 31)
     assert out["late_outside_catch_up"] == 1
+    assert out["late_outside_catch_up_calls"] == [(15.0, 2.0)]  # due 15 s after the kill, 2 s late
+
+
+def test_calls_the_kill_took_before_they_started_are_the_outages_unless_their_lease_made_them_later():
+    # As above. Calls 97-99, due just before the kill, had not started: the new worker runs 97 and
+    # 98 first, in the catch-up; the killed worker held 99 and 100, which run only once their lease
+    # runs out, at 30 s, after the catch-up.
+    due = {k: at(k / 10) for k in range(300)}
+    starts = [(k, at(k / 10 + 0.001)) for k in range(97)]
+    starts += [(k, at(15 + (k - 97) / 20)) for k in range(97, 300) if k not in (99, 100)]
+    starts += [(99, at(30)), (100, at(30))]
+    out = _late(due, starts, at(10).timestamp(), at(15).timestamp(), due_per_s=10)
+
+    assert out["late_outside_catch_up"] == 2
+    assert out["late_outside_catch_up_calls"] == [(-0.1, 20.1), (0.0, 20.0)]
+
+
+def test_calls_late_before_the_kill_are_not_the_outages():
+    due = {k: at(k / 10) for k in range(300)}
+    starts = [(k, at(k / 10 + (2 if k == 50 else 0.001))) for k in range(100)]
+    starts += [(k, at(15 + (k - 100) / 20)) for k in range(100, 300)]
+    out = _late(due, starts, at(10).timestamp(), at(15).timestamp(), due_per_s=10)
+
+    assert out["late_outside_catch_up_calls"] == [(-5.0, 2.0)]
 
 
 def test_a_worker_no_faster_than_calls_fall_due_is_given_no_catch_up():
@@ -81,7 +105,8 @@ def test_a_worker_no_faster_than_calls_fall_due_is_given_no_catch_up():
     starts = [(k, at(15 + k / 10)) for k in range(100, 300)] + [(k, at(k / 10)) for k in range(100)]
     out = _late(due, starts, at(10).timestamp(), at(15).timestamp(), due_per_s=10)
 
-    assert out["late_outside_catch_up"] == out["late_outside_outage"] > 0
+    # Only the calls that started within LATE of the worker's return are the outage's: none here.
+    assert out["late_outside_catch_up"] == out["late"] > 0
 
 
 def test_the_catch_up_is_compared_with_celery_directs_drain_of_the_same_repeat():
